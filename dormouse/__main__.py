@@ -1,0 +1,3 @@
+from dormouse.cli import main
+
+raise SystemExit(main())
