@@ -1,0 +1,103 @@
+"""The `dormouse` command. A subcommand is registered only once it works (no stubs)."""
+
+import argparse
+import sys
+
+from dormouse import __version__
+from dormouse.errors import DormouseError
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from dormouse.data.prepare import prepare
+    from dormouse.data.shards import inspect_corpus
+
+    prepare(args.inputs, args.out, heldout_fraction=args.heldout_fraction, heldout_tail=args.heldout_tail)
+    print(inspect_corpus(args.out))
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from dormouse.config import config_from_args
+
+    cfg = config_from_args(args)  # refuse a bad config before touching any corpus
+    from dormouse.data.default_corpus import default_corpus_dir, describe_default_corpus
+    from dormouse.data.shards import inspect_corpus
+
+    if args.path is None:
+        corpus = default_corpus_dir()
+        print(describe_default_corpus())
+    else:
+        corpus = args.path
+    print(inspect_corpus(corpus))
+    print("resolved config:")
+    print(cfg.to_json())
+    return 0
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    from dormouse import ledger
+
+    if args.markdown:
+        print(ledger.markdown(), end="")
+        return 0
+    sites = ledger.all_sites()
+    width = max(len(s.name) for s in sites)
+    for s in sites:
+        print(f"{s.name:<{width}}  {s.kind.value:<7}  {s.module}  {s.reason}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dormouse.config import add_config_flags
+
+    parser = argparse.ArgumentParser(prog="dormouse", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dormouse {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("prepare", help="turn files, folders and .gz files into uint8 shards + manifest.json")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders (recursive, sorted) or .gz files")
+    p.add_argument("--out", required=True, metavar="DIR", help="corpus directory to create (must not exist)")
+    split = p.add_mutually_exclusive_group()
+    split.add_argument(
+        "--heldout-fraction",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="fraction of documents held out, chosen by a hash of their names (default 0.1)",
+    )
+    split.add_argument(
+        "--heldout-tail",
+        type=float,
+        default=None,
+        metavar="F",
+        help="hold out the last fraction F of a single file (nanoGPT's tiny-shakespeare split)",
+    )
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a prepared corpus (default: the embedded default corpus) and print the resolved config",
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        metavar="CORPUS",
+        help="a directory written by `dormouse prepare`; omitted: the default corpus (prepared once)",
+    )
+    add_config_flags(p)
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("ledger", help="print the fallback ledger (every site: LOUD or COUNTED)")
+    p.add_argument("--markdown", action="store_true", help="print docs/fallbacks.md")
+    p.set_defaults(func=_cmd_ledger)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DormouseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

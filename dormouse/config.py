@@ -1,0 +1,282 @@
+"""Configuration as data: ModelConfig and TrainConfig, presets, TOML files, CLI flags.
+
+Precedence: preset < config file < CLI flags. `validate()` refuses impossible values with the field
+and its allowed range; `resolve()` turns intent into one concrete config (every derived value filled,
+contradictory arms refused). The resolved config is what a run directory records.
+
+Every field is a CLI flag with dashes (`n_experts` → `--n-experts`; booleans `--attn-res/--no-attn-res`).
+Each field's metadata holds its help text and its allowed range, so flags, validation and docs
+cannot disagree.
+"""
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from dormouse.errors import ConfigError
+
+
+def _f(default, help: str, *, lo=None, hi=None, choices=None, lo_open=False):
+    """A config field: default, help text and allowed range (inclusive unless lo_open)."""
+    meta = {"help": help, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = _f(128, "model width", lo=8)
+    n_heads: int = _f(4, "mixer heads", lo=1)
+    head_dim: int = _f(0, "per-head key/value width; 0 = d_model / n_heads", lo=0, hi=256)
+    block_layers: int = _f(2, "layers (mixer + FFN) in the looped block", lo=1)
+    depth: int = _f(2, "times the looped block is applied", lo=1)
+    ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3 d_model rounded up to 64", lo=0)
+    mixer: str = _f("kda", "token mixer (--no-kda selects attention)", choices=("kda", "attention"))
+    kda_backend: str = _f(
+        "auto",
+        "KDA implementation; auto = fla on CUDA, chunked on CPU",
+        choices=("auto", "fla", "chunked", "recurrent"),
+    )
+    kda_chunk_size: int = _f(64, "chunk length of the chunked KDA form", choices=(16, 32, 64, 128))
+    short_conv: bool = _f(True, "short causal depthwise conv + SiLU on KDA q/k/v")
+    conv_size: int = _f(4, "kernel of the short conv", lo=2, hi=8)
+    gate_lower_bound: float = _f(-5.0, "lower bound of the KDA per-step log-decay", lo=-20.0, hi=0.0, lo_open=False)
+    norm_eps: float = _f(1e-6, "RMSNorm epsilon", lo=0.0, hi=1e-2, lo_open=True)
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = _f(256, "bytes per training sequence", lo=1)
+    batch_size: int = _f(8, "sequences per step", lo=1)
+    steps: int = _f(1000, "training steps (ignored when --minutes is set)", lo=1)
+    minutes: float = _f(0.0, "train for this wall time instead of --steps; 0 = off", lo=0.0)
+    lr: float = _f(3e-3, "peak learning rate (scales every optimizer group)", lo=0.0)
+    opt: str = _f("default", "default = routing policy; adamw = everything on AdamW", choices=("default", "adamw"))
+    warmup_steps: int = _f(100, "linear warm-up steps", lo=0)
+    lr_decay: str = _f("cosine", "decay after warm-up", choices=("cosine", "linear", "constant"))
+    lr_floor: float = _f(0.1, "final lr as a fraction of the peak", lo=0.0, hi=1.0)
+    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (never on gains and biases)", lo=0.0)
+    grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", lo=0.0)
+    seed: int = _f(0, "seed of every random stream (rng.py)", lo=0)
+    dtype: str = _f("fp32", "compute dtype (bf16 = autocast)", choices=("fp32", "bf16"))
+    device: str = _f("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    eval_every: int = _f(200, "steps between held-out evals", lo=1)
+    eval_bytes: int = _f(0, "held-out bytes scored per eval; 0 = the whole held-out split", lo=0)
+    ckpt_every: int = _f(500, "steps between checkpoints", lo=1)
+    keep_last: int = _f(3, "checkpoints kept besides best", lo=1)
+
+
+PRESETS: dict[str, dict[str, dict]] = {
+    "nano": {
+        "model": {"d_model": 128, "n_heads": 4, "block_layers": 2, "depth": 2},
+        "train": {"seq_len": 256, "batch_size": 8},
+    },
+    "small": {
+        "model": {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 4, "depth": 2, "ffn_hidden": 1536},
+        "train": {"seq_len": 512, "batch_size": 10},
+    },
+    "base": {
+        "model": {"d_model": 768, "n_heads": 12, "block_layers": 6, "depth": 2},
+        "train": {"seq_len": 1024, "batch_size": 16},
+    },
+}
+DEFAULT_PRESET = "nano"
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    preset: str = DEFAULT_PRESET
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset, "model": dataclasses.asdict(self.model), "train": dataclasses.asdict(self.train)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        return build(preset=d.get("preset", DEFAULT_PRESET), overrides=_sections(d, "config dict"))
+
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig}
+
+
+def _sections(d: dict, origin: str) -> dict[str, dict]:
+    unknown = set(d) - set(SECTIONS) - {"preset"}
+    if unknown:
+        raise ConfigError(f"{origin}: unknown top-level key(s) {sorted(unknown)}; allowed: preset, model, train")
+    out = {}
+    for name, cls in SECTIONS.items():
+        section = d.get(name, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{origin}: [{name}] must be a table")
+        known = {f.name for f in fields(cls)}
+        bad = set(section) - known
+        if bad:
+            raise ConfigError(f"{origin}: unknown {name} field(s) {sorted(bad)}; known: {sorted(known)}")
+        out[name] = dict(section)
+    return out
+
+
+def load_toml(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+
+
+def build(preset: str = DEFAULT_PRESET, overrides: dict[str, dict] | None = None) -> Config:
+    """Preset, then `overrides` ({"model": {...}, "train": {...}}) on top; type-checked, not yet validated."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    cfg = Config(preset=preset)
+    for layer in (PRESETS[preset], overrides or {}):
+        for name, values in layer.items():
+            section = getattr(cfg, name)
+            for key, value in values.items():
+                setattr(section, key, _coerce(SECTIONS[name], key, value))
+    return cfg
+
+
+def _coerce(cls, key: str, value):
+    ftype = {f.name: f.type for f in fields(cls)}[key]
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }[ftype]
+    if not ok(value):
+        raise ConfigError(f"{key}: expected {ftype.__name__}, got {value!r}")
+    return float(value) if ftype is float else value
+
+
+def validate(cfg: Config) -> None:
+    """Refuse impossible or meaningless values, naming the field and the allowed range."""
+    for name, cls in SECTIONS.items():
+        section = getattr(cfg, name)
+        for f in fields(cls):
+            _check_range(f, getattr(section, f.name))
+    m, t = cfg.model, cfg.train
+    if m.head_dim == 0 and m.d_model % m.n_heads:
+        raise ConfigError(f"n_heads {m.n_heads} does not divide d_model {m.d_model} (or set head_dim)")
+    if t.eval_bytes and t.eval_bytes < t.seq_len:
+        raise ConfigError(
+            f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
+        )
+
+
+def _check_range(f: dataclasses.Field, value) -> None:
+    meta = f.metadata
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ConfigError(f"{f.name} {value!r} is not allowed; choose one of {list(meta['choices'])}")
+    lo, hi = meta["lo"], meta["hi"]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{f.name} {value} is not finite")
+    if lo is not None and (value < lo or (meta["lo_open"] and value == lo)):
+        bracket = "(" if meta["lo_open"] else "["
+        raise ConfigError(f"{f.name} {value} is out of range; allowed {bracket}{lo}, {'inf' if hi is None else hi}]")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{f.name} {value} is out of range; allowed [{lo}, {hi}]")
+
+
+def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
+    """One concrete config: derived sizes filled in, `auto` choices decided, contradictions refused."""
+    validate(cfg)
+    out = Config(model=dataclasses.replace(cfg.model), train=dataclasses.replace(cfg.train), preset=cfg.preset)
+    m, t = out.model, out.train
+    if m.head_dim == 0:
+        m.head_dim = m.d_model // m.n_heads
+    if m.ffn_hidden == 0:
+        m.ffn_hidden = 64 * math.ceil(8 * m.d_model / 3 / 64)
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if t.device == "auto":
+        t.device = "cuda" if cuda_available else "cpu"
+    elif t.device == "cuda" and not cuda_available:
+        raise ConfigError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
+    if t.dtype == "bf16" and t.device == "cpu":
+        raise ConfigError("dtype bf16 (autocast) is for CUDA; on cpu use --dtype fp32")
+    if m.mixer == "kda":
+        m.kda_backend = _resolve_kda_backend(m.kda_backend, t.device)
+    return out
+
+
+def _resolve_kda_backend(requested: str, device: str) -> str:
+    fla_present = importlib.util.find_spec("fla") is not None
+    if requested == "auto":
+        requested = "fla" if device == "cuda" else "chunked"
+    if requested == "fla" and (device != "cuda" or not fla_present):
+        missing = "a CUDA device" if device != "cuda" else "flash-linear-attention (pip install '.[gpu]')"
+        raise ConfigError(f"kda_backend fla needs {missing}; pass --kda-backend chunked to use the PyTorch form")
+    return requested
+
+
+# ---- CLI flags ----
+
+SHORT_ARMS = {"no_kda": ("model", "mixer", "attention", "short for --mixer attention")}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """--preset, --config and one flag per config field (default None: only given flags override)."""
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), default=None, help=f"size preset (default {DEFAULT_PRESET})"
+    )
+    parser.add_argument("--config", metavar="FILE", default=None, help="TOML file with [model] and [train] tables")
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} config")
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            meta = f.metadata
+            text = f"{meta['help']} (default {f.default})"
+            if f.type is bool:
+                group.add_argument(
+                    flag, dest=f"{section}.{f.name}", action=argparse.BooleanOptionalAction, default=None, help=text
+                )
+            else:
+                group.add_argument(
+                    flag,
+                    dest=f"{section}.{f.name}",
+                    type=f.type,
+                    default=None,
+                    choices=meta["choices"],
+                    metavar=None if meta["choices"] else f.name.upper(),
+                    help=text,
+                )
+    for name, (*_, text) in SHORT_ARMS.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=f"short.{name}", action="store_true", help=text)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Preset < --config file < flags, then resolved."""
+    file_values = load_toml(args.config) if args.config else {}
+    origin = args.config or ""
+    overrides = _sections(file_values, origin) if file_values else {"model": {}, "train": {}}
+    preset = args.preset or file_values.get("preset", DEFAULT_PRESET)
+    for dest, value in vars(args).items():
+        if value is None or "." not in dest:
+            continue
+        section, key = dest.split(".", 1)
+        if section == "short":
+            if value:
+                s, k, v, _ = SHORT_ARMS[key]
+                given = getattr(args, f"{s}.{k}")
+                if given is not None and given != v:
+                    raise ConfigError(f"--{key.replace('_', '-')} contradicts --{k.replace('_', '-')} {given}")
+                overrides.setdefault(s, {})[k] = v
+        else:
+            overrides.setdefault(section, {})[key] = value
+    return resolve(build(preset, overrides))

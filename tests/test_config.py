@@ -1,0 +1,95 @@
+import pytest
+
+from dormouse import config
+from dormouse.cli import build_parser
+from dormouse.errors import ConfigError
+
+
+def parse(*argv):
+    return config.config_from_args(build_parser().parse_args(["inspect", *argv]))
+
+
+def test_presets_match_the_issue():
+    nano = config.resolve(config.build("nano"), cuda_available=False)
+    assert (nano.model.d_model, nano.model.n_heads, nano.model.block_layers, nano.model.depth) == (128, 4, 2, 2)
+    assert (nano.train.seq_len, nano.train.batch_size) == (256, 8)
+    small = config.resolve(config.build("small"), cuda_available=False)
+    assert (small.model.d_model, small.model.n_heads, small.model.head_dim) == (512, 8, 64)
+    assert (small.model.block_layers, small.model.depth, small.model.ffn_hidden) == (4, 2, 1536)
+    assert (small.train.seq_len, small.train.batch_size) == (512, 10)
+    base = config.resolve(config.build("base"), cuda_available=False)
+    assert (base.model.d_model, base.model.n_heads, base.model.block_layers, base.model.depth) == (768, 12, 6, 2)
+    assert base.train.seq_len == 1024 and base.model.head_dim == 64
+
+
+def test_resolve_fills_derived_values_and_decides_auto():
+    cfg = config.resolve(config.build("nano"), cuda_available=False)
+    assert cfg.model.head_dim == 32
+    assert cfg.model.ffn_hidden == 384  # 8/3 * 128 = 341.3 → next multiple of 64
+    assert cfg.train.device == "cpu" and cfg.model.kda_backend == "chunked"
+
+
+def test_precedence_preset_file_flags(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('preset = "small"\n[model]\ndepth = 3\nd_model = 256\n[train]\nlr = 0.01\n')
+    cfg = parse("--config", str(f), "--depth", "5")
+    assert cfg.preset == "small"
+    assert cfg.model.depth == 5  # flag beats file
+    assert cfg.model.d_model == 256  # file beats preset
+    assert cfg.model.block_layers == 4  # preset
+    assert cfg.train.lr == 0.01
+    assert parse("--config", str(f), "--preset", "nano").preset == "nano"
+
+
+def test_booleans_and_short_arms():
+    assert parse("--no-short-conv").model.short_conv is False
+    assert parse("--short-conv").model.short_conv is True
+    assert parse("--no-kda").model.mixer == "attention"
+    with pytest.raises(ConfigError, match="--no-kda contradicts --mixer kda"):
+        parse("--no-kda", "--mixer", "kda")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seq-len", "0"], r"seq_len 0 is out of range; allowed \[1, inf\]"),
+        (["--n-heads", "3"], "n_heads 3 does not divide d_model 128"),
+        (["--head-dim", "300"], r"head_dim 300 is out of range; allowed \[0, 256\]"),
+        (["--norm-eps", "0"], r"norm_eps 0.0 is out of range; allowed \(0.0"),
+        (["--lr-floor", "1.5"], r"lr_floor 1.5 is out of range; allowed \[0.0, 1.0\]"),
+        (["--lr", "nan"], "lr nan is not finite"),
+        (["--device", "cuda"], "no CUDA device"),
+        (["--dtype", "bf16", "--device", "cpu"], "bf16"),
+        (["--kda-backend", "fla", "--device", "cpu"], "kda_backend fla needs a CUDA device"),
+        (["--eval-bytes", "10"], "eval_bytes 10 is shorter than one sequence"),
+    ],
+)
+def test_validate_refuses_with_field_and_range(argv, message, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ConfigError, match=message):
+        parse(*argv)
+
+
+def test_config_file_refusals(tmp_path):
+    bad_key = tmp_path / "a.toml"
+    bad_key.write_text("[model]\nd_modle = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown model field\(s\) \['d_modle'\]"):
+        parse("--config", str(bad_key))
+    bad_type = tmp_path / "b.toml"
+    bad_type.write_text('[model]\ndepth = "two"\n')
+    with pytest.raises(ConfigError, match="depth: expected int, got 'two'"):
+        parse("--config", str(bad_type))
+    bad_toml = tmp_path / "c.toml"
+    bad_toml.write_text("[model\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        parse("--config", str(bad_toml))
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        parse("--config", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="unknown preset"):
+        config.build("huge")
+
+
+def test_round_trip_through_dict():
+    cfg = parse("--preset", "small", "--depth", "3")
+    again = config.resolve(config.Config.from_dict(cfg.to_dict()), cuda_available=False)
+    assert again == cfg
