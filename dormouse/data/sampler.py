@@ -1,0 +1,92 @@
+"""Batches of byte windows.
+
+Training batches are a pure function of (seed, step, split): B window offsets drawn uniformly from
+`rng.generator(seed, step, "batch")`, each window T + 1 bytes, inputs its first T, targets its last
+T (the next byte of each input). No global RNG is read or advanced, so a resume at step s draws
+exactly the batch the uninterrupted run drew.
+
+The held-out eval walks the held-out split in order instead of sampling it: window i has inputs
+bytes [i·T, i·T + T) and targets [i·T + 1, i·T + T + 1), so every held-out byte after the first is
+scored exactly once. `max_bytes` limits the scored bytes to the fixed prefix: targets are bytes
+[1, 1 + max_bytes) of the held-out split. The count of scored bytes does not depend on T.
+"""
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from dormouse import rng
+from dormouse.data.shards import Corpus
+from dormouse.errors import DataError
+
+
+class Sampler:
+    def __init__(self, corpus: Corpus, batch_size: int, seq_len: int):
+        _check_positive("batch_size", batch_size)
+        _check_positive("seq_len", seq_len)
+        self.corpus, self.batch_size, self.seq_len = corpus, batch_size, seq_len
+        self._check_split("train")  # refuse at start-up, not at the first step
+
+    def offsets(self, seed: int, step: int, split: str = "train") -> torch.Tensor:
+        """The B window start offsets of batch (seed, step) in `split`, int64."""
+        size = self._check_split(split)
+        gen = rng.generator(seed, step, "batch")
+        return torch.randint(0, size - self.seq_len, (self.batch_size,), generator=gen)
+
+    def batch(self, seed: int, step: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, targets), int64 [B, T]; targets[b, t] is the byte after input_ids[b, t]."""
+        windows = np.empty((self.batch_size, self.seq_len + 1), np.uint8)
+        for row, offset in enumerate(self.offsets(seed, step, split).tolist()):
+            windows[row] = self.corpus.read(split, offset, self.seq_len + 1)
+        x = torch.from_numpy(windows).long()
+        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    def _check_split(self, split: str) -> int:
+        size = self.corpus.split_size(split)
+        if size < self.seq_len + 1:
+            raise DataError(
+                f"the {split} split of corpus {self.corpus.root} has {size} bytes, fewer than "
+                f"seq_len + 1 = {self.seq_len + 1}: no training window fits"
+            )
+        return size
+
+
+def count_heldout_targets(corpus: Corpus, max_bytes: int | None = None) -> int:
+    """How many held-out bytes `heldout_windows` scores: min(heldout bytes - 1, max_bytes)."""
+    size = corpus.split_size("heldout")
+    if size < 2:
+        raise DataError(f"the heldout split of corpus {corpus.root} has {size} bytes: nothing to score")
+    if max_bytes is None:
+        return size - 1
+    _check_positive("max_bytes", max_bytes)
+    return min(size - 1, max_bytes)
+
+
+def heldout_windows(
+    corpus: Corpus, seq_len: int, batch_size: int, max_bytes: int | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (input_ids, targets) int64 batches walking the held-out split in order, no overlap.
+
+    Full windows come in batches of up to `batch_size` rows of `seq_len`; a final shorter window,
+    if any, comes last as its own [1, r] batch (never dropped).
+    """
+    _check_positive("seq_len", seq_len)
+    _check_positive("batch_size", batch_size)
+    full, rest = divmod(count_heldout_targets(corpus, max_bytes), seq_len)
+    for first in range(0, full, batch_size):
+        rows = min(batch_size, full - first)
+        yield _shifted(corpus, first * seq_len, rows, seq_len)
+    if rest:
+        yield _shifted(corpus, full * seq_len, 1, rest)
+
+
+def _shifted(corpus: Corpus, offset: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` consecutive windows of `length` from one read of rows·length + 1 bytes."""
+    data = torch.from_numpy(corpus.read("heldout", offset, rows * length + 1).astype(np.int64))
+    return data[:-1].reshape(rows, length), data[1:].reshape(rows, length)
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise DataError(f"{name} must be a positive integer, got {value!r}")
