@@ -74,6 +74,7 @@ class MoE(nn.Module):
         # the same order, so a reset from a fresh stream reproduces the constructed weights.
         self.experts = nn.ModuleList(SwiGLU(d_model, hidden, generator=generator) for _ in range(n_experts))
         self.router = linear(d_model, n_experts)
+        self.router._dormouse_route = "adamw_no_decay"  # a gate, not a hidden matrix (routing.py)
         normal_init_(self.router.weight, generator)
         self.register_buffer("load", torch.zeros(n_experts, dtype=torch.int64), persistent=False)
 

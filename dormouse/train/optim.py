@@ -1,0 +1,110 @@
+"""NesterovSinkhorn: Nesterov momentum, then SR-Sinkhorn normalisation of the update.
+
+SinkGD (Scetbon et al., arXiv 2502.06742) replaces a matrix gradient by its alternating row/column
+normalisation; here the normalised quantity is a Nesterov look-ahead of an EMA momentum, in Muon's form
+(reference sheet §7.2, a derived variant with no published source). Per 2-D parameter W [out, in]
+(m = out rows, n = in columns) with gradient G, momentum β, learning rate η, weight decay λ:
+
+    M ← β M + (1 − β) G                 EMA momentum buffer, fp32 at least
+    U = (1 − β) G + β M                 Nesterov look-ahead
+    X = sr_sinkhorn(U, iters)           rows → ℓ2 norm √n, then columns → ℓ2 norm √m, `iters` times
+    W ← W (1 − η λ) − η X               decoupled weight decay, then the step
+
+The last half-step normalises columns, so every non-zero column of X has norm √m exactly and the
+update has entry RMS 1 (exactly, when no column is all zero): the scale of Adam's update in the
+signal-dominated regime, independent of the gradient's scale. Nothing here is random.
+
+Orientation is `[out, in]` as `nn.Linear` stores it; the result is not transpose-symmetric.
+"""
+
+import math
+
+import torch
+
+
+def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Tensor:
+    """SR-Sinkhorn of a matrix `u` [m, n]: `iters` times, every row to ℓ2 norm √n, then every column to √m.
+
+    Computed in fp32 at least (fp64 stays fp64); the result has that dtype. Norms are clamped below at
+    `eps`, so an all-zero row or column (an unused embedding row, a zero-initialised branch) stays zero
+    instead of becoming NaN.
+    """
+    if u.ndim != 2:
+        raise ValueError(f"sr_sinkhorn takes a matrix [m, n]; got shape {tuple(u.shape)}")
+    if iters < 1:
+        raise ValueError(f"sr_sinkhorn needs iters >= 1, got {iters}")
+    m, n = u.shape
+    x = u.to(torch.promote_types(u.dtype, torch.float32))
+    row_target, col_target = math.sqrt(n), math.sqrt(m)
+    for _ in range(iters):
+        x = x * (row_target / x.norm(dim=1, keepdim=True).clamp_min(eps))
+        x = x * (col_target / x.norm(dim=0, keepdim=True).clamp_min(eps))
+    return x
+
+
+class NesterovSinkhorn(torch.optim.Optimizer):
+    """Nesterov momentum + SR-Sinkhorn normalised update for 2-D weight matrices (see module docstring).
+
+    Refuses any parameter that is not a whole 2-D matrix: vectors and conv filters belong on AdamW
+    (dormouse.train.routing decides), and a sharded DTensor would be normalised per shard.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.95,
+        weight_decay: float = 0.0,
+        iters: int = 5,
+        eps: float = 1e-12,
+    ):
+        if lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if iters < 1:
+            raise ValueError(f"iters must be >= 1, got {iters}")
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "iters": iters, "eps": eps}
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        for p in self.param_groups[-1]["params"]:
+            if p.ndim != 2:
+                raise ValueError(
+                    f"NesterovSinkhorn updates 2-D matrices [out, in]; got a parameter of shape {tuple(p.shape)} "
+                    "(route it to AdamW: dormouse.train.routing)"
+                )
+            if type(p.data) is not torch.Tensor:
+                raise ValueError(
+                    f"NesterovSinkhorn needs whole matrices; the parameter of shape {tuple(p.shape)} is a "
+                    f"{type(p.data).__name__} (sharded): its row/column norms would be per shard"
+                )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"NesterovSinkhorn got a sparse gradient for shape {tuple(p.shape)}")
+                g = p.grad.to(torch.promote_types(p.dtype, torch.float32))
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(g, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.mul_(beta).add_(g, alpha=1 - beta)
+                u = g.mul(1 - beta).add_(buf, alpha=beta)
+                x = sr_sinkhorn(u, group["iters"], group["eps"])
+                if wd != 0:
+                    p.mul_(1 - lr * wd)
+                p.add_(x.to(p.dtype), alpha=-lr)
+        return loss
