@@ -150,7 +150,7 @@ def test_module_declarations_survive_a_copy_parameter_ones_do_not():
     assert got["extra.weight"] == "matrices"  # the parameter's declaration did not travel
 
 
-def test_real_layers_route_without_declarations():
+def test_real_layers_route_by_rules_and_their_declarations():
     gen = rng.generator(0, 0, "init")
 
     class Block(nn.Module):
@@ -166,6 +166,7 @@ def test_real_layers_route_without_declarations():
         assert got[f"mixer.{name}"] == "adamw_no_decay", name
     for name in ["q_proj.weight", "f_a.weight", "f_b.weight", "b_proj.weight", "g_b.weight", "o_proj.weight"]:
         assert got[f"mixer.{name}"] == "matrices", name
-    assert got["ffn.router.weight"] == "matrices" and got["ffn.experts.1.w_down.weight"] == "matrices"
+    assert got["ffn.router.weight"] == "adamw_no_decay"  # declared in ffn.py: a gate
+    assert got["ffn.experts.1.w_down.weight"] == "matrices"
     assert got["res.w"] == "adamw_no_decay" and got["res.norm.weight"] == "adamw_no_decay"
     assert {g.name for g in groups} == {"matrices", "adamw_no_decay"}
