@@ -11,3 +11,7 @@ class ConfigError(DormouseError):
 
 class DataError(DormouseError):
     pass
+
+
+class CheckpointError(DormouseError):
+    pass
