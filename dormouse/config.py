@@ -11,7 +11,6 @@ cannot disagree.
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import tomllib
@@ -46,6 +45,17 @@ class ModelConfig:
     conv_size: int = _f(4, "kernel of the short conv", lo=2, hi=8)
     gate_lower_bound: float = _f(-5.0, "lower bound of the KDA per-step log-decay", lo=-20.0, hi=0.0, lo_open=False)
     norm_eps: float = _f(1e-6, "RMSNorm epsilon", lo=0.0, hi=1e-2, lo_open=True)
+    n_experts: int = _f(1, "FFN experts; 1 = the dense SwiGLU, >1 = top-k mixture of experts", lo=1, hi=64)
+    experts_top_k: int = _f(1, "experts each byte is routed to (≤ n_experts)", lo=1)
+    moe_balance_weight: float = _f(0.01, "weight of the experts' load-balancing term in the loss", lo=0.0)
+    attn_res: bool = _f(False, "layer inputs are a learned softmax mix of earlier layer outputs (AttnRes)")
+    persistent_memory: str = _f(
+        "disabled",
+        "learned slots every sequence sees first (docs/glossary.md)",
+        choices=("disabled", "enabled", "size-match", "enforced"),
+    )
+    memory_slots: int = _f(0, "persistent memory slots (size-match: the minimum, rounded up)", lo=0, hi=4096)
+    tie_embeddings: bool = _f(True, "LM head shares the byte embedding matrix")
 
 
 @dataclass
@@ -171,6 +181,13 @@ def validate(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
     if m.head_dim == 0 and m.d_model % m.n_heads:
         raise ConfigError(f"n_heads {m.n_heads} does not divide d_model {m.d_model} (or set head_dim)")
+    if m.experts_top_k > m.n_experts:
+        raise ConfigError(f"experts_top_k {m.experts_top_k} exceeds n_experts {m.n_experts}")
+    if (m.persistent_memory == "disabled") != (m.memory_slots == 0):
+        raise ConfigError(
+            f"persistent_memory {m.persistent_memory} with memory_slots {m.memory_slots}: "
+            "slots must be 0 exactly when the memory is disabled"
+        )
     if t.eval_bytes and t.eval_bytes < t.seq_len:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
@@ -210,19 +227,14 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         raise ConfigError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
     if t.dtype == "bf16" and t.device == "cpu":
         raise ConfigError("dtype bf16 (autocast) is for CUDA; on cpu use --dtype fp32")
+    if m.persistent_memory == "size-match":
+        # Round the slots up so that slots + seq_len fill whole KDA chunks.
+        m.memory_slots += -(m.memory_slots + t.seq_len) % m.kda_chunk_size
     if m.mixer == "kda":
-        m.kda_backend = _resolve_kda_backend(m.kda_backend, t.device)
+        from dormouse.model.kda import resolve_kda_backend  # the one policy; it raises through the ledger
+
+        m.kda_backend = resolve_kda_backend(m.kda_backend, t.device)
     return out
-
-
-def _resolve_kda_backend(requested: str, device: str) -> str:
-    fla_present = importlib.util.find_spec("fla") is not None
-    if requested == "auto":
-        requested = "fla" if device == "cuda" else "chunked"
-    if requested == "fla" and (device != "cuda" or not fla_present):
-        missing = "a CUDA device" if device != "cuda" else "flash-linear-attention (pip install '.[gpu]')"
-        raise ConfigError(f"kda_backend fla needs {missing}; pass --kda-backend chunked to use the PyTorch form")
-    return requested
 
 
 # ---- CLI flags ----
@@ -280,3 +292,23 @@ def config_from_args(args: argparse.Namespace) -> Config:
         else:
             overrides.setdefault(section, {})[key] = value
     return resolve(build(preset, overrides))
+
+
+RESUMABLE = {"train.steps", "train.minutes"}
+
+
+def resume_config(saved: Config, args: argparse.Namespace) -> Config:
+    """A resumed run keeps its config; only the training length (--steps, --minutes) may change."""
+    if args.preset or args.config:
+        raise ConfigError("a resumed run keeps its own config: --preset and --config are refused with --resume")
+    out = Config(model=dataclasses.replace(saved.model), train=dataclasses.replace(saved.train), preset=saved.preset)
+    for dest, value in vars(args).items():
+        if "." not in dest or value in (None, False):
+            continue
+        if dest not in RESUMABLE:
+            flag = "--" + dest.split(".", 1)[1].replace("_", "-")
+            raise ConfigError(f"{flag} cannot change on --resume: only --steps and --minutes may")
+        section, key = dest.split(".", 1)
+        setattr(getattr(out, section), key, value)
+    validate(out)
+    return out

@@ -36,10 +36,6 @@ class FallbackRefused(DormouseError):
 SITES: dict[str, Site] = {}
 COUNTS: Counter = Counter()
 
-# Modules that register sites; `all_sites()` imports them so the table is complete.
-_OWNERS = ("dormouse.data.prepare", "dormouse.data.shards", "dormouse.config", "dormouse.model.kda")
-
-
 def register(name: str, kind: Kind, reason: str, module: str) -> str:
     if name in SITES and SITES[name] != Site(name, kind, reason, module):
         raise ValueError(f"ledger site {name!r} registered twice with different entries")
@@ -68,10 +64,15 @@ def counted_summary() -> str:
 
 
 def all_sites() -> list[Site]:
+    """Every registered site: imports every dormouse module, so no site can hide in an unimported one."""
     import importlib
+    import pkgutil
 
-    for owner in _OWNERS:
-        importlib.import_module(owner)
+    import dormouse
+
+    for info in pkgutil.walk_packages(dormouse.__path__, "dormouse."):
+        if info.name != "dormouse.__main__":
+            importlib.import_module(info.name)
     return sorted(SITES.values(), key=lambda s: (s.module, s.name))
 
 

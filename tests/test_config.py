@@ -2,7 +2,7 @@ import pytest
 
 from dormouse import config
 from dormouse.cli import build_parser
-from dormouse.errors import ConfigError
+from dormouse.errors import ConfigError, DormouseError
 
 
 def parse(*argv):
@@ -60,13 +60,13 @@ def test_booleans_and_short_arms():
         (["--lr", "nan"], "lr nan is not finite"),
         (["--device", "cuda"], "no CUDA device"),
         (["--dtype", "bf16", "--device", "cpu"], "bf16"),
-        (["--kda-backend", "fla", "--device", "cpu"], "kda_backend fla needs a CUDA device"),
+        (["--kda-backend", "fla", "--device", "cpu"], "KDA backend 'fla' needs CUDA tensors"),
         (["--eval-bytes", "10"], "eval_bytes 10 is shorter than one sequence"),
     ],
 )
 def test_validate_refuses_with_field_and_range(argv, message, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(DormouseError, match=message):
         parse(*argv)
 
 
