@@ -1,0 +1,144 @@
+import itertools
+import math
+
+import pytest
+import torch
+
+from dormouse import config, ledger, rng
+from dormouse.model.model import DormouseLM
+
+MIXERS = ("kda", "attention")
+EXPERTS = ((1, 1), (4, 2))
+MEMORY = (("disabled", 0), ("enabled", 3), ("size-match", 3), ("enforced", 3))
+ARMS = list(itertools.product(MIXERS, EXPERTS, (False, True), MEMORY))
+
+
+def tiny(mixer="kda", experts=(1, 1), attn_res=False, memory=("disabled", 0), **extra):
+    """The nano preset shrunk for speed, with one arm combination."""
+    model = {
+        "d_model": 32,
+        "n_heads": 2,
+        "ffn_hidden": 64,
+        "mixer": mixer,
+        "n_experts": experts[0],
+        "experts_top_k": experts[1],
+        "attn_res": attn_res,
+        "persistent_memory": memory[0],
+        "memory_slots": memory[1],
+        "kda_chunk_size": 16,
+    }
+    model.update(extra)
+    cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
+    return config.resolve(cfg, cuda_available=False).model
+
+
+def ids(b, t, step=0):
+    return torch.randint(0, 256, (b, t), generator=rng.generator(0, step, "test"))
+
+
+def arm_id(arm):
+    mixer, (n, k), res, (mem, _) = arm
+    return f"{mixer}-e{n}k{k}-{'attnres' if res else 'plain'}-{mem}"
+
+
+@pytest.mark.parametrize("arm", ARMS, ids=arm_id)
+def test_every_parameter_gets_a_finite_nonzero_gradient(arm):
+    mixer, experts, attn_res, memory = arm
+    model = DormouseLM(tiny(mixer, experts, attn_res, memory))
+    if attn_res:
+        # A zero pseudo-query gives the key norm's gain exactly zero gradient at init (logits = 0·keys):
+        # move the queries off zero so a detached gain would still show.
+        for r in model.attn_res:
+            r.w.data.normal_(0, 0.1, generator=rng.generator(0, 0, "test"))
+    x = ids(2, 24)
+    out = model(x, ids(2, 24, step=1))
+    out.loss.backward()
+    dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not dead, f"no gradient reaches: {dead}"
+    assert not bad, f"non-finite gradient in: {bad}"
+    if experts[0] > 1:
+        assert set(out.aux) == {"moe_balance"} and out.aux["moe_balance"] >= 1.0 - 1e-6
+        assert torch.allclose(out.loss, out.ce + 0.01 * out.aux["moe_balance"])
+    else:
+        assert out.aux == {} and torch.equal(out.loss, out.ce)
+
+
+@pytest.mark.parametrize("arm", ARMS, ids=arm_id)
+def test_step_by_step_decoding_equals_the_full_forward(arm):
+    mixer, experts, attn_res, memory = arm
+    model = DormouseLM(tiny(mixer, experts, attn_res, memory)).eval()
+    x = ids(2, 21)  # not a multiple of the chunk
+    full = model(x).logits
+    cache = model.new_cache(2)
+    steps = []
+    for t in range(x.shape[1]):
+        logits, cache = model.step(x[:, t], cache)
+        steps.append(logits)
+    assert cache.position == 21
+    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5, rtol=0), (torch.stack(steps, 1) - full).abs().max()
+    # prefill a prompt with the full forward, then step the rest
+    prefill = model(x[:, :9], cache=model.new_cache(2), return_cache=True)
+    cache = prefill.cache
+    rest = []
+    for t in range(9, 21):
+        logits, cache = model.step(x[:, t], cache)
+        rest.append(logits)
+    assert torch.allclose(torch.stack(rest, 1), full[:, 9:], atol=1e-5, rtol=0)
+
+
+def test_initial_loss_is_near_uniform():
+    model = DormouseLM(tiny())
+    ce = model(ids(4, 24), ids(4, 24, step=1)).ce.item()
+    assert abs(ce - math.log(256)) < 0.05, ce
+
+
+def test_init_is_a_pure_function_of_the_seed():
+    torch.manual_seed(123)
+    a = DormouseLM(tiny(), seed=5).state_dict()
+    torch.manual_seed(456)
+    b = DormouseLM(tiny(), seed=5).state_dict()
+    c = DormouseLM(tiny(), seed=6).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_untied_head_is_its_own_parameter():
+    tied, untied = DormouseLM(tiny()), DormouseLM(tiny(tie_embeddings=False))
+    assert tied.lm_head is None
+    assert untied.num_params() == tied.num_params() + 256 * 32
+
+
+def test_attn_res_starts_as_the_uniform_mean():
+    model = DormouseLM(tiny(attn_res=True))
+    assert all(torch.equal(r.w, torch.zeros(32)) for r in model.attn_res)
+
+
+def test_memory_size_match_fills_whole_chunks():
+    cfg = tiny(memory=("size-match", 3))
+    assert cfg.memory_slots == 8  # 3 rounded up: (8 + 24) % 16 == 0
+    assert (cfg.memory_slots + 24) % 16 == 0
+
+
+def test_memory_enabled_skip_is_counted_and_enforced_skip_refused():
+    x = ids(1, 24)
+    ledger.COUNTS.clear()
+    enabled = DormouseLM(tiny(memory=("enabled", 3)))
+    with_memory, without = enabled(x).logits, enabled(x, use_memory=False).logits
+    assert ledger.COUNTS["memory.skipped"] == 1
+    assert not torch.allclose(with_memory, without)  # the slots change what the model sees
+    enforced = DormouseLM(tiny(memory=("enforced", 3)))
+    with pytest.raises(ledger.FallbackRefused, match="memory.enforced"):
+        enforced(x, use_memory=False)
+    ledger.COUNTS.clear()
+
+
+def test_memory_slots_are_not_scored():
+    model = DormouseLM(tiny(memory=("enabled", 3)))
+    x = ids(2, 24)
+    assert model(x).logits.shape == (2, 24, 256)
+
+
+def test_moe_with_one_expert_is_exactly_dense():
+    dense = DormouseLM(tiny(experts=(1, 1)))
+    assert not any("router" in n for n, _ in dense.named_parameters())
