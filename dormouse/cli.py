@@ -1,7 +1,9 @@
 """The `dormouse` command. A subcommand is registered only once it works (no stubs)."""
 
 import argparse
+import contextlib
 import sys
+import time
 
 from dormouse import __version__
 from dormouse.errors import DormouseError
@@ -32,6 +34,70 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print("resolved config:")
     print(cfg.to_json())
     return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from dormouse.config import config_from_args, resume_config
+    from dormouse.plots import plot_curves
+    from dormouse.runs import open_corpus, run_config, run_corpus
+    from dormouse.train.trainer import Trainer
+
+    if args.resume:
+        cfg = resume_config(run_config(args.resume), args)
+        run = args.resume
+        corpus, note = run_corpus(run, args.data)
+    else:
+        cfg = config_from_args(args)
+        run = args.out or f"runs/{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        corpus, note = open_corpus(args.data)
+    trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume))
+    try:
+        trainer.run_loop()
+    except KeyboardInterrupt:
+        return 130
+    print(f"curves: {plot_curves(trainer.run)}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from dormouse.evaluation import eval_line, eval_record, heldout_score
+    from dormouse.runs import load_model, run_corpus
+    from dormouse.train.stress import StressMonitor
+
+    device = args.device or ("cuda" if torch_cuda() else "cpu")
+    model, cfg, ck = load_model(args.run, args.ckpt, device)
+    corpus, note = run_corpus(args.run, args.data)
+    t = cfg.train
+    stress = StressMonitor()
+    stress.load_state_dict(ck.state["stress"])
+    print(f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}")
+    held = heldout_score(
+        model,
+        corpus,
+        seq_len=t.seq_len,
+        batch_size=t.batch_size,
+        eval_bytes=t.eval_bytes,
+        device=device,
+        autocast=contextlib.nullcontext,
+    )
+    record = eval_record(
+        ck.step,
+        held,
+        train_ce=None,
+        tokens=ck.step * t.batch_size * t.seq_len,
+        ms_per_step=None,
+        depth=cfg.model.depth,
+        engram="off",
+        stress=stress.summary(),
+    )
+    print(eval_line(record))
+    return 0
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
@@ -87,6 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(p)
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("train", help="train a model; evals, checkpoints and metrics go to the run directory")
+    p.add_argument(
+        "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"
+    )
+    runs = p.add_mutually_exclusive_group()
+    runs.add_argument("--out", metavar="RUN", default=None, help="new run directory (default runs/<preset>-<time>)")
+    runs.add_argument(
+        "--resume",
+        metavar="RUN",
+        default=None,
+        help="continue RUN from its last checkpoint (only --steps / --minutes may change)",
+    )
+    add_config_flags(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="held-out bits per byte of a run's checkpoint, as an eval line")
+    p.add_argument("run", metavar="RUN", help="a run directory")
+    p.add_argument("--ckpt", default="best", help="best, last or step-N (default best)")
+    p.add_argument("--data", metavar="DIR", default=None, help="another prepared corpus (default: the run's own)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("ledger", help="print the fallback ledger (every site: LOUD or COUNTED)")
     p.add_argument("--markdown", action="store_true", help="print docs/fallbacks.md")

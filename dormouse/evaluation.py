@@ -1,0 +1,94 @@
+"""Held-out bits per byte and the eval line. Used by the trainer, `dormouse eval` and the tools.
+
+The eval scores the held-out split through the same forward the trainer runs (same model, same
+inputs: byte windows, memory slots prepended), walking it in order without overlap
+(`data.sampler.heldout_windows`): every held-out byte after the first is scored once, or the fixed
+prefix of `eval_bytes` bytes. bpb = total cross-entropy in nats / scored bytes / ln 2.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dormouse import counters, ledger
+from dormouse.data.sampler import count_heldout_targets, heldout_windows
+from dormouse.data.shards import Corpus
+from dormouse.errors import DormouseError
+
+
+class NonFiniteError(DormouseError):
+    """A loss or a score is NaN or infinite: the run stops here, and nothing is saved from this state."""
+
+
+@dataclass
+class HeldOut:
+    ce: float  # nats per byte
+    bytes: int
+
+    @property
+    def bpb(self) -> float:
+        return self.ce / math.log(2)
+
+
+@torch.no_grad()
+def heldout_score(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_bytes: int, device, autocast):
+    """Mean cross-entropy over the held-out walk; refuses a non-finite result."""
+    was_training = model.training
+    model.eval()
+    total, scored = 0.0, 0
+    for x, y in heldout_windows(corpus, seq_len, batch_size, eval_bytes or None):
+        x, y = x.to(device), y.to(device)
+        with autocast():
+            logits = model(x).logits
+        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
+        scored += y.numel()
+    model.train(was_training)
+    expected = count_heldout_targets(corpus, eval_bytes or None)
+    if scored != expected:
+        raise AssertionError(f"held-out walk scored {scored} bytes, expected {expected}")
+    ce = total / scored
+    if not math.isfinite(ce):
+        raise NonFiniteError(f"held-out cross-entropy is {ce} over {scored} bytes: not a score")
+    return HeldOut(ce=ce, bytes=scored)
+
+
+def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, engram, stress) -> dict:
+    """One eval as a dict (metrics.jsonl); `eval_line` prints it. Kernel and fallback counters are read here."""
+    return {
+        "kind": "eval",
+        "step": step,
+        "bpb": held.bpb,
+        "ce": held.ce,
+        "train_ce": train_ce,
+        "tokens": tokens,
+        "heldout_bytes": held.bytes,
+        "ms_per_step": ms_per_step,
+        "kda": str(counters.KDA),
+        "norm": str(counters.NORM),
+        "engram": engram,
+        "depth": depth,
+        "fallbacks": ledger.counted_summary(),
+        "stress": stress,
+    }
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+    return str(value)
+
+
+def eval_line(record: dict) -> str:
+    keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", "kda", "norm", "engram", "depth", "fallbacks")
+    fields = " ".join(f"{k}={_fmt(record[k])}" for k in keys)
+    return f"eval {fields} {record['stress']}"
+
+
+def append_jsonl(path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")

@@ -1,0 +1,229 @@
+"""The training loop: batches → forward → backward → routed optimizers, evals, checkpoints, resume.
+
+Step s (0-based) trains on `sampler.batch(seed, s)` with lr multiplier `lr_multiplier(s)`; after it,
+`step` completed updates exist. Everything a resumed run needs is in the checkpoint (weights,
+optimizer state, step, best score, StressMonitor), and the batch of a step is a pure function of
+(seed, step), so an interrupted and resumed run is bitwise the uninterrupted one on the CPU.
+"""
+
+import contextlib
+import json
+import math
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dormouse import checkpoint, counters, ledger
+from dormouse.config import Config
+from dormouse.data.sampler import Sampler
+from dormouse.data.shards import Corpus
+from dormouse.errors import ConfigError
+from dormouse.evaluation import NonFiniteError, append_jsonl, eval_line, eval_record, heldout_score
+from dormouse.model.model import DormouseLM
+from dormouse.train.routing import build_optimizers, describe, route
+from dormouse.train.schedule import lr_multiplier
+from dormouse.train.stress import StressMonitor
+
+class Trainer:
+    def __init__(self, cfg: Config, corpus: Corpus, run_dir: Path, *, corpus_note: str, resume: bool = False):
+        self.cfg, self.corpus, self.run = cfg, corpus, Path(run_dir)
+        t = cfg.train
+        self.device = torch.device(t.device)
+        self.model = DormouseLM(cfg.model, seed=t.seed).to(self.device)
+        self.groups = route(self.model, t.opt)
+        self.opt = build_optimizers(self.groups, t)
+        self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
+        self.stress = StressMonitor()
+        self.step, self.best_bpb, self.best_step = 0, None, None
+        self.saved_step = None
+        self.run_id = secrets.token_hex(6)
+        if resume:
+            self._restore()
+        else:
+            self._create_run_dir(corpus_note)
+        self.log_header(corpus_note)
+
+    # ---- run directory ---------------------------------------------------------------------------------------
+
+    def _create_run_dir(self, corpus_note: str) -> None:
+        if self.run.exists() and any(self.run.iterdir()):
+            raise ConfigError(f"run directory {self.run} is not empty: pass --resume {self.run} or a new --out")
+        self.run.mkdir(parents=True, exist_ok=True)
+        (self.run / "config.json").write_text(self.cfg.to_json() + "\n")
+        meta = {"run_id": self.run_id, "corpus": str(self.corpus.root), "fingerprint": self.corpus.fingerprint}
+        (self.run / "run.json").write_text(json.dumps({**meta, "corpus_note": corpus_note}, indent=2) + "\n")
+
+    def _restore(self) -> None:
+        ck = checkpoint.load(self.run, "last")
+        run_meta = json.loads((self.run / "run.json").read_text())
+        if run_meta["fingerprint"] != self.corpus.fingerprint:
+            raise ConfigError(
+                f"run {self.run} was trained on corpus {run_meta['fingerprint'][:12]}, this corpus is "
+                f"{self.corpus.fingerprint[:12]}: resume on the same data"
+            )
+        self.model.load_state_dict(ck.model_state)
+        self.opt.load_state_dict(ck.optimizer_state)
+        self.stress.load_state_dict(ck.state["stress"])
+        self.step, self.run_id = ck.step, ck.state["run_id"]
+        self.saved_step = ck.step
+        self.best_bpb, self.best_step = ck.state["best_bpb"], ck.state["best_step"]
+        # Records the interrupted run wrote after its last checkpoint are replayed now: drop them.
+        metrics = self.run / "metrics.jsonl"
+        if metrics.exists():
+            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.step]
+            metrics.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, text: str) -> None:
+        tqdm.write(text)
+        with open(self.run / "train.log", "a") as f:
+            f.write(text + "\n")
+
+    def log_header(self, corpus_note: str) -> None:
+        m, t = self.cfg.model, self.cfg.train
+        self.log(f"run {self.run} id={self.run_id} start_step={self.step}")
+        self.log(f"corpus: {corpus_note}")
+        self.log(f"device: {self.device} dtype={t.dtype} torch={torch.__version__}")
+        backend = m.kda_backend if m.mixer == "kda" else "off (attention mixer)"
+        self.log(f"kernels: kda={backend} norm=unfused (torch rms_norm)")
+        self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
+        self.log(describe(self.groups))
+        self.log("config: " + json.dumps(self.cfg.to_dict(), sort_keys=True))
+
+    # ---- the loop --------------------------------------------------------------------------------------------
+
+    def autocast(self):
+        if self.cfg.train.dtype == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self, step: int) -> float:
+        """One update on batch `step`; returns the training cross-entropy (nats)."""
+        t = self.cfg.train
+        x, y = (z.to(self.device) for z in self.sampler.batch(t.seed, step))
+        self.opt.set_lr(lr_multiplier(step, t))
+        with self.autocast():
+            out = self.model(x, y)
+        for name, value in {"loss": out.loss, "ce": out.ce, **out.aux}.items():
+            if not torch.isfinite(value).all():
+                raise NonFiniteError(f"step {step}: training {name} is {value.item()}; stopping before the update")
+        out.loss.backward()
+        if t.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return out.ce.item()
+
+    def run_loop(self, until_step: int | None = None) -> dict | None:
+        """Train to `cfg.train.steps` (or `until_step`, or `--minutes`); returns the last eval record."""
+        t = self.cfg.train
+        end = t.steps if until_step is None else min(until_step, t.steps)
+        deadline = time.monotonic() + t.minutes * 60 if t.minutes else math.inf
+        bar = tqdm(total=t.steps, initial=self.step, unit="step", dynamic_ncols=True, leave=False)
+        record, window_ce, window_ms = None, [], []
+        interrupt = _DeferredInterrupt()
+        try:
+            while self.step < end and time.monotonic() < deadline and not interrupt.requested:
+                started = time.perf_counter()
+                ce = self.train_step(self.step)
+                self.step += 1
+                window_ms.append((time.perf_counter() - started) * 1000)
+                window_ce.append(ce)
+                spike = self.stress.update(ce)
+                if spike:
+                    self.log(f"loss spike at step {self.step}: ce={ce:.4f} ({self.stress.summary()})")
+                append_jsonl(self.run / "metrics.jsonl", {"kind": "train", "step": self.step, "ce": ce})
+                bar.update(1)
+                tok_s = t.batch_size * t.seq_len / (window_ms[-1] / 1000)
+                bar.set_postfix_str(f"loss {ce:.3f} bpb {ce / math.log(2):.3f} {tok_s:,.0f} tok/s")
+                last = self.step == end or time.monotonic() >= deadline or interrupt.requested
+                new_best = False
+                if self.step % t.eval_every == 0 or last:
+                    record = self.evaluate(window_ce, window_ms)
+                    new_best = record["step"] == self.best_step
+                    window_ce, window_ms = [], []
+                if new_best or self.step % t.ckpt_every == 0 or last:
+                    self.save(is_best=new_best)
+        finally:
+            interrupt.restore()
+            bar.close()
+        if interrupt.requested:
+            self.log(f"interrupted: stopped after step {self.step} with a checkpoint; --resume {self.run} goes on")
+            raise KeyboardInterrupt
+        return record
+
+    def evaluate(self, window_ce: list[float], window_ms: list[float]) -> dict:
+        t = self.cfg.train
+        held = heldout_score(
+            self.model,
+            self.corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=t.eval_bytes,
+            device=self.device,
+            autocast=self.autocast,
+        )
+        record = eval_record(
+            self.step,
+            held,
+            train_ce=sum(window_ce) / len(window_ce) if window_ce else None,
+            tokens=self.step * t.batch_size * t.seq_len,
+            ms_per_step=sorted(window_ms)[len(window_ms) // 2] if window_ms else None,
+            depth=self.cfg.model.depth,
+            engram="off",
+            stress=self.stress.summary(),
+        )
+        counters.KDA.reset(), counters.NORM.reset()
+        ledger.COUNTS.clear()
+        append_jsonl(self.run / "metrics.jsonl", record)
+        self.log(eval_line(record))
+        if self.best_bpb is None or held.bpb < self.best_bpb:
+            self.best_bpb, self.best_step = held.bpb, self.step
+        return record
+
+    def save(self, *, is_best: bool) -> None:
+        """Checkpoint the state after `self.step` updates (once per step; `best` when it is the new best)."""
+        if self.saved_step == self.step:
+            return
+        state = {
+            "run_id": self.run_id,
+            "best_bpb": self.best_bpb,
+            "best_step": self.best_step,
+            "sampler": {"seed": self.cfg.train.seed, "next_step": self.step},
+            "stress": self.stress.state_dict(),
+            "extra": {"config": self.cfg.to_dict()},
+        }
+        checkpoint.save(
+            self.run,
+            self.step,
+            model_state=self.model.state_dict(),
+            optimizer_state=self.opt.state_dict(),
+            state=state,
+            is_best=is_best,
+            keep_last=self.cfg.train.keep_last,
+        )
+        self.saved_step = self.step
+
+
+class _DeferredInterrupt:
+    """Ctrl-C ends the run at the next step boundary (after an eval and a checkpoint), never inside an
+    update: a state saved between two optimizers' steps would be half-updated. A second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)

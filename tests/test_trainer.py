@@ -1,0 +1,166 @@
+"""Trainer gates: determinism, resume == uninterrupted, best kept, non-finite stops, lr 0, eval CLI."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from dormouse import checkpoint, config, rng
+from dormouse.cli import main
+from dormouse.data.prepare import prepare
+from dormouse.data.shards import load_corpus
+from dormouse.evaluation import NonFiniteError
+from dormouse.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    text = bytes(torch.randint(97, 123, (6000,), generator=rng.generator(0, 0, "test")).tolist())
+    (root / "text.txt").write_bytes(text * 2)  # repeated, so the model can learn something
+    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
+    return load_corpus(root / "prepared")
+
+
+def tiny_config(**train):
+    values = {"seq_len": 32, "batch_size": 4, "steps": 12, "warmup_steps": 2, "eval_every": 4, "ckpt_every": 4}
+    values.update(train)
+    cfg = config.build(
+        "nano", {"model": {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16}, "train": values}
+    )
+    return config.resolve(cfg, cuda_available=False)
+
+
+def train_losses(run) -> list[float]:
+    return [r["ce"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+
+
+def evals(run) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+
+
+def fresh(cfg, corpus, run, resume=False):
+    return Trainer(cfg, corpus, run, corpus_note="test corpus", resume=resume)
+
+
+def test_same_seed_twice_is_bitwise_identical_and_learns(corpus, tmp_path):
+    cfg = tiny_config()
+    a, b = fresh(cfg, corpus, tmp_path / "a"), fresh(cfg, corpus, tmp_path / "b")
+    torch.manual_seed(1)  # the global RNG is not used: reseeding it changes nothing
+    a.run_loop()
+    torch.manual_seed(2)
+    b.run_loop()
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+    assert len(train_losses(tmp_path / "a")) == 12
+    first, last = evals(tmp_path / "a")[0], evals(tmp_path / "a")[-1]
+    assert last["bpb"] < first["bpb"] < 8.2
+    assert last["bpb"] == pytest.approx(last["ce"] / math.log(2), rel=1e-12)
+    assert last["heldout_bytes"] == corpus.split_size("heldout") - 1  # the whole split, each byte once
+    seed1 = fresh(tiny_config(seed=1), corpus, tmp_path / "c")
+    seed1.run_loop()
+    assert train_losses(tmp_path / "c") != train_losses(tmp_path / "a")
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(corpus, tmp_path):
+    cfg = tiny_config()
+    whole = fresh(cfg, corpus, tmp_path / "whole")
+    whole.run_loop()
+    part = fresh(cfg, corpus, tmp_path / "part")
+    part.run_loop(until_step=6)  # stops after step 6 with a checkpoint
+    assert checkpoint.last_step(tmp_path / "part") == 6
+    resumed = fresh(cfg, corpus, tmp_path / "part", resume=True)
+    assert resumed.step == 6
+    resumed.run_loop()
+    assert train_losses(tmp_path / "part") == train_losses(tmp_path / "whole")
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.stress.state_dict() == whole.stress.state_dict()
+    whole_evals = {e["step"]: e["bpb"] for e in evals(tmp_path / "whole")}
+    part_evals = {e["step"]: e["bpb"] for e in evals(tmp_path / "part")}
+    assert part_evals == {**whole_evals, 6: part_evals[6]}  # plus the eval the stop at step 6 made
+
+
+def test_resume_keeps_a_better_best(corpus, tmp_path):
+    run = tmp_path / "run"
+    trainer = fresh(tiny_config(), corpus, run)
+    trainer.run_loop(until_step=8)
+    best_before = checkpoint.best_bpb(run)
+    best_step = json.loads((run / "ckpt" / "best").read_text())["step"]
+    # Resume with a learning rate that wrecks the model: later evals are worse and must not become best.
+    resumed = fresh(tiny_config(), corpus, run, resume=True)
+    assert resumed.best_bpb == best_before
+    resumed.opt.base_lr = dict.fromkeys(resumed.opt.base_lr, 20.0)
+    resumed.run_loop()
+    assert max(e["bpb"] for e in evals(run) if e["step"] > 8) > best_before
+    assert checkpoint.best_bpb(run) == best_before
+    assert json.loads((run / "ckpt" / "best").read_text())["step"] == best_step
+    assert checkpoint.load(run, "best").step == best_step
+
+
+def test_nonfinite_loss_stops_loudly_and_saves_nothing(corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    trainer = fresh(tiny_config(), corpus, run)
+    trainer.run_loop(until_step=4)
+    best = (run / "ckpt" / "best").read_text()
+    forward = trainer.model.forward
+
+    def poisoned(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer.model, "forward", poisoned)
+    with pytest.raises(NonFiniteError, match="step 4: training loss is nan"):
+        trainer.run_loop()
+    assert checkpoint.last_step(run) == 4
+    assert (run / "ckpt" / "best").read_text() == best
+    assert not any("nan" in line for line in (run / "metrics.jsonl").read_text().splitlines())
+
+
+def test_lr_zero_leaves_every_parameter_bit_identical(corpus, tmp_path):
+    trainer = fresh(tiny_config(lr=0.0, weight_decay=0.1), corpus, tmp_path / "run")
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train_step(0)
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_refuses_to_overwrite_a_run(corpus, tmp_path):
+    fresh(tiny_config(), corpus, tmp_path / "run").run_loop(until_step=4)
+    with pytest.raises(config.ConfigError, match="is not empty"):
+        fresh(tiny_config(), corpus, tmp_path / "run")
+
+
+def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    common = [
+        "--data",
+        str(corpus.root),
+        "--preset",
+        "nano",
+        "--d-model",
+        "32",
+        "--n-heads",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "3",
+    ]
+    assert main(["train", *common, "--out", run, "--steps", "3"]) == 0
+    assert main(["train", "--resume", run, "--steps", "6"]) == 0
+    assert main(["train", "--resume", run, "--d-model", "64"]) == 2
+    assert "--d-model cannot change on --resume" in capsys.readouterr().err
+    assert main(["eval", run, "--ckpt", "last"]) == 0
+    out = capsys.readouterr().out
+    line = [x for x in out.splitlines() if x.startswith("eval ")][0]
+    record = evals(tmp_path / "run")[-1]
+    assert record["step"] == 6
+    assert f"step=6 bpb={record['bpb']:.4f} ce={record['ce']:.4f}" in line
+    assert "engram=off" in line and "kda=0/" in line and "fallbacks=0" in line
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0
