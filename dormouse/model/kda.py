@@ -1,0 +1,405 @@
+"""Kimi Delta Attention (KDA): the recurrence, its chunked form, fla's kernel, and the mixer layer.
+
+Three implementations of one op sit side by side, as in fla (reference sheet §1):
+`kda_recurrent` is the reference loop over time, `kda_chunked` the WY/UT-transform chunked form in
+plain PyTorch (the CPU path), and fla's Triton `chunk_kda` the CUDA path. `kda` dispatches between
+them; asking for fla where it cannot run raises through the ledger, never falls back silently.
+
+Layout (fla's): q, k [B,T,H,K] (already L2-normalised), v [B,T,H,V], g [B,T,H,K] log-decay <= 0,
+beta [B,T,H] in (0,1), state [B,H,K,V]. Per step and head:
+    S <- S * exp(g_t)[:, None];  S <- S + beta_t k_t (v_t - k_t^T S)^T;  o_t = S^T (scale q_t)
+"""
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import skip_init
+
+from dormouse import counters, ledger
+from dormouse.model.ffn import linear, normal_init_
+from dormouse.model.norm import GatedRMSNorm
+
+FLA_UNAVAILABLE = ledger.register(
+    "kda.fla_unavailable",
+    ledger.Kind.LOUD,
+    "KDA backend fla (or auto on CUDA) asked for, but fla's chunk_kda is not importable or the tensors are not on CUDA",
+    __name__,
+)
+
+KDA_BACKENDS = ("auto", "fla", "chunked", "recurrent")
+
+
+def _check_shapes(q, k, v, g, beta, initial_state) -> tuple[int, int, int, int, int]:
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    expected = {
+        "k": (k, (B, T, H, K)),
+        "v": (v, (B, T, H, V)),
+        "g": (g, (B, T, H, K)),
+        "beta": (beta, (B, T, H)),
+    }
+    if initial_state is not None:
+        expected["initial_state"] = (initial_state, (B, H, K, V))
+    for name, (x, shape) in expected.items():
+        if tuple(x.shape) != shape:
+            raise ValueError(f"kda: {name} has shape {tuple(x.shape)}, expected {shape} (q is {tuple(q.shape)})")
+    return B, T, H, K, V
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    # The state and cumulative decays need fp32 at least; fp64 inputs stay fp64 for the tests.
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _start_state(initial_state, shape, dtype, device) -> torch.Tensor:
+    if initial_state is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return initial_state.to(dtype)
+
+
+def kda_recurrent(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """The reference: one step of the recurrence per position. Returns (o in q's dtype, state or None)."""
+    B, _, H, K, V = _check_shapes(q, k, v, g, beta, initial_state)
+    out_dtype, dtype = q.dtype, _compute_dtype(q)
+    scale = K**-0.5 if scale is None else scale
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    q = q * scale
+    S = _start_state(initial_state, (B, H, K, V), dtype, q.device)
+    outs = []
+    # unbind, not indexing: indexing's backward writes each step's gradient into a full-size zero tensor
+    for q_t, k_t, v_t, g_t, b_t in zip(*(x.unbind(1) for x in (q, k, v, g, beta)), strict=True):
+        S = S * g_t[..., None].exp()
+        err = v_t - torch.einsum("bhk,bhkv->bhv", k_t, S)
+        S = S + torch.einsum("bhk,bhv->bhkv", b_t[..., None] * k_t, err)
+        outs.append(torch.einsum("bhk,bhkv->bhv", q_t, S))
+    o = torch.stack(outs, dim=1).to(out_dtype)
+    return o, (S if output_final_state else None)
+
+
+def _decayed_scores(a, b, G, strict: bool, sub: int = 16):
+    """M[i, j] = sum_d a[i,d] b[j,d] exp(G[i,d] - G[j,d]) for j < i (j <= i unless strict), else 0.
+
+    G is a cumulative log-decay along the rows (non-increasing), so every kept exponent is <= 0;
+    exp(G_i) and exp(-G_j) taken apart would overflow once a chunk's total decay is large. Rows are
+    cut into blocks of `sub`, as fla's kernels do: a block pair J < I factors through r, the first
+    row of block I (G_j >= G_r >= G_i), into one matmul; blocks on the diagonal take pairwise
+    differences, masked before exp since the upper triangle would overflow. Shapes [..., C, K] ->
+    [..., C, C].
+    """
+    C = G.shape[-2]
+    s = math.gcd(C, sub)
+    n = C // s
+    a, b, G = (x.unflatten(-2, (n, s)) for x in (a, b, G))  # [..., n, s, K]
+    dev = G.device
+
+    keep = torch.ones(s, s, dtype=torch.bool, device=dev).tril(-1 if strict else 0)
+    diff = G[..., :, None, :] - G[..., None, :, :]  # [..., n, s, s, K]
+    decay = diff.masked_fill(~keep[..., None], -math.inf).exp()
+    diagonal = (decay * a[..., :, None, :] * b[..., None, :, :]).sum(-1)  # [..., n, s, s]
+
+    G_r = G[..., :1, :]
+    a_r = a * (G - G_r).exp()  # [..., I, s, K]
+    below = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)
+    to_r = G_r[..., :, None, :, :] - G[..., None, :, :, :]  # [..., I, J, s, K]
+    b_r = b[..., None, :, :, :] * to_r.masked_fill(~below[:, :, None, None], -math.inf).exp()
+    M = a_r[..., :, None, :, :] @ b_r.transpose(-1, -2)  # [..., I, J, s, s], zero unless J < I
+    M = M + diagonal[..., :, None, :, :] * torch.eye(n, dtype=M.dtype, device=dev)[:, :, None, None]
+    return M.transpose(-3, -2).flatten(-4, -3).flatten(-2, -1)  # [..., I, s, J, s] -> [..., C, C]
+
+
+def kda_chunked(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    """The chunked (WY / UT-transform) form, reference sheet §1.3, in plain PyTorch.
+
+    All intra-chunk work is batched over every chunk at once; only the state carry loops over
+    chunks. Any T: the tail is padded with k=v=0, g=0, beta=0, which leave the state untouched.
+    Returns (o in q's dtype, state or None); the state is fp32 (fp64 for fp64 inputs).
+    """
+    B, T, H, K, V = _check_shapes(q, k, v, g, beta, initial_state)
+    out_dtype, dtype = q.dtype, _compute_dtype(q)
+    scale = K**-0.5 if scale is None else scale
+    C = chunk_size
+    pad = -T % C
+    N = (T + pad) // C
+
+    def chunks(x):  # [B, T, H, ...] -> [B, H, N, C, ...], zero-padded along T
+        x = F.pad(x.to(dtype), (0, 0) * (x.dim() - 2) + (0, pad))
+        return x.unflatten(1, (N, C)).movedim(3, 1)
+
+    q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
+    q = q * scale
+    G = g.cumsum(-2)  # inclusive in-chunk cumulative log-decay [B,H,N,C,K]
+
+    # UT transform: (I + L) [W | U] = diag(beta) [exp(G) * k | v], L strictly lower triangular.
+    # solve_triangular with unitriangular=True takes the unit diagonal as given, so L goes in as is.
+    L = beta[..., None] * _decayed_scores(k, k, G, strict=True)
+    rhs = beta[..., None] * torch.cat([G.exp() * k, v], dim=-1)
+    W, U = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True).split([K, V], dim=-1)
+
+    A_qk = _decayed_scores(q, k, G, strict=False)  # diagonal included: a token reads its own write
+    q_in = q * G.exp()  # reads the state carried into the chunk
+    k_out = k * (G[..., -1:, :] - G).exp()  # each key decayed to the chunk's end
+    chunk_decay = G[..., -1, :, None].exp()  # [B,H,N,K,1]
+
+    S = _start_state(initial_state, (B, H, K, V), dtype, q.device)
+    outs = []
+    # unbind, not indexing: indexing's backward writes each chunk's gradient into a full-size zero tensor
+    per_chunk = (x.unbind(2) for x in (U, W, q_in, A_qk, k_out, chunk_decay))
+    for U_n, W_n, q_n, A_n, k_n, decay_n in zip(*per_chunk, strict=True):
+        v_new = U_n - W_n @ S  # pseudo-values: what the carried state does not yet predict
+        outs.append(q_n @ S + A_n @ v_new)
+        S = decay_n * S + k_n.transpose(-1, -2) @ v_new
+    o = torch.stack(outs, dim=2).movedim(1, 3).flatten(1, 2)[:, :T]  # [B,H,N,C,V] -> [B,T,H,V]
+    return o.to(out_dtype), (S if output_final_state else None)
+
+
+@functools.cache
+def _fla_import() -> tuple[Callable | None, str]:
+    """fla's chunk_kda, or None and why it could not be imported."""
+    try:
+        from fla.ops.kda import chunk_kda
+    except ImportError as err:
+        return None, f"{type(err).__name__}: {err}"
+    return chunk_kda, ""
+
+
+def resolve_kda_backend(requested: str, device: torch.device) -> str:
+    """The implementation `kda` runs for `requested` on `device`: "fla", "chunked" or "recurrent"."""
+    if requested not in KDA_BACKENDS:
+        raise ValueError(f"unknown KDA backend {requested!r}; choose one of {KDA_BACKENDS}")
+    if requested in ("chunked", "recurrent"):
+        return requested
+    device = torch.device(device)
+    if device.type != "cuda":
+        if requested == "auto":
+            return "chunked"
+        raise ledger.refuse(
+            FLA_UNAVAILABLE,
+            f"KDA backend 'fla' needs CUDA tensors, got device {device}; run on a GPU or pass --kda-backend chunked",
+        )
+    # On CUDA, auto means fla: the chunked path there is a slow surprise, so it must be asked for.
+    chunk_kda, why = _fla_import()
+    if chunk_kda is None:
+        raise ledger.refuse(
+            FLA_UNAVAILABLE,
+            f"KDA backend {requested!r} on {device} needs fla-core 0.6.0 (fla.ops.kda.chunk_kda), "
+            f"which is not importable ({why}); install the extra `gpu` (pip install -e '.[gpu]') "
+            "or pass --kda-backend chunked",
+        )
+    return "fla"
+
+
+def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
+    _check_shapes(q, k, v, g, beta, initial_state)
+    chunk_kda, _ = _fla_import()
+    dtype = q.dtype
+    # fla wants q, k, v, beta in one dtype and an fp32 initial state; the gate stays fp32 (fla's own
+    # tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated.
+    return chunk_kda(
+        q,
+        k.to(dtype),
+        v.to(dtype),
+        g.float(),
+        beta.to(dtype),
+        scale=scale,
+        initial_state=None if initial_state is None else initial_state.float(),
+        output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=False,
+        chunk_size=chunk_size,
+    )
+
+
+def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend="auto", chunk_size=64):
+    """KDA with the backend picked by `resolve_kda_backend`; every call is counted in counters.KDA."""
+    impl = resolve_kda_backend(backend, q.device)
+    counters.KDA.record(fused=impl == "fla")
+    if impl == "fla":
+        return _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    if impl == "chunked":
+        return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    return kda_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
+
+
+# --- the layer -------------------------------------------------------------------------------------
+
+# Every parameter group of KDALayer, in init order; the conv groups exist only with short_conv.
+KDA_PARAM_GROUPS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "q_conv",
+    "k_conv",
+    "v_conv",
+    "f_a",
+    "f_b",
+    "A_log",
+    "dt_bias",
+    "b_proj",
+    "g_a",
+    "g_b",
+    "o_norm",
+    "o_proj",
+)
+_CONV_GROUPS = ("q_conv", "k_conv", "v_conv")
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    # fla's form (eps inside the sqrt), not F.normalize (which clamps the norm).
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv over time; returns the last `size - 1` inputs so decoding can go on."""
+
+    def __init__(self, channels: int, size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B,T,C], state [B,size-1,C] (None: zeros) -> (y [B,T,C], new state)."""
+        B, _, C = x.shape
+        keep = self.weight.shape[-1] - 1
+        if state is None:
+            state = x.new_zeros(B, keep, C)
+        xs = torch.cat([state.to(x.dtype), x], dim=1)
+        y = F.conv1d(xs.transpose(1, 2), self.weight.to(x.dtype), groups=C).transpose(1, 2)
+        return y, xs[:, xs.shape[1] - keep :]
+
+
+@dataclass
+class KDACache:
+    """What one layer carries between calls: pre-conv q/k/v tails (None without short conv), state."""
+
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    state: torch.Tensor  # [B,H,K,V], fp32
+
+
+class KDALayer(nn.Module):
+    """fla's KimiDeltaAttention (reference sheet §1.4) with K = V = head_dim and no GVA.
+
+    All random init comes from `generator` (see `reset_parameters`); construction never touches the
+    global RNG. `forward` takes [B,T,d]; `step` takes one position as [B,d].
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int,
+        *,
+        generator: torch.Generator,
+        short_conv: bool = True,
+        conv_size: int = 4,
+        gate_lower_bound: float | None = -5.0,
+        backend: str = "auto",
+        chunk_size: int = 64,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        if backend not in KDA_BACKENDS:
+            raise ValueError(f"unknown KDA backend {backend!r}; choose one of {KDA_BACKENDS}")
+        H, K = n_heads, head_dim
+        self.n_heads, self.head_dim = H, K
+        self.short_conv = short_conv
+        self.gate_lower_bound = gate_lower_bound
+        self.backend = backend
+        self.chunk_size = chunk_size
+        self.groups = tuple(n for n in KDA_PARAM_GROUPS if short_conv or n not in _CONV_GROUPS)
+        self.q_proj = linear(d_model, H * K)
+        self.k_proj = linear(d_model, H * K)
+        self.v_proj = linear(d_model, H * K)
+        if short_conv:
+            self.q_conv = ShortConv(H * K, conv_size)
+            self.k_conv = ShortConv(H * K, conv_size)
+            self.v_conv = ShortConv(H * K, conv_size)
+        self.f_a = linear(d_model, K)  # decay gate, low rank
+        self.f_b = linear(K, H * K)
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.dt_bias = nn.Parameter(torch.empty(H * K))
+        self.b_proj = linear(d_model, H)
+        self.g_a = linear(d_model, K)  # output gate, low rank; fla has a bias on the second half
+        self.g_b = skip_init(nn.Linear, K, H * K, bias=True)
+        self.o_norm = GatedRMSNorm(K, norm_eps)
+        self.o_proj = linear(H * K, d_model)
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, gen: torch.Generator) -> None:
+        """fla 0.6.0's init, every draw from `gen` (on the CPU, so it does not depend on the device)."""
+        for name in self.groups:
+            part = getattr(self, name)
+            if name == "A_log":
+                part.copy_(torch.empty(part.shape).uniform_(1, 16, generator=gen).log())
+            elif name == "dt_bias":
+                # Mamba's dt init: log-uniform in [1e-3, 0.1], stored as its inverse softplus.
+                u = torch.rand(part.shape, generator=gen)
+                dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+                part.copy_(dt + torch.log(-torch.expm1(-dt)))
+            elif name == "o_norm":
+                part.reset_parameters()
+            else:
+                normal_init_(part.weight, gen)
+                if getattr(part, "bias", None) is not None:
+                    part.bias.zero_()
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Group name (from KDA_PARAM_GROUPS) -> its parameters."""
+        groups = {}
+        for name in self.groups:
+            part = getattr(self, name)
+            groups[name] = [part] if isinstance(part, nn.Parameter) else list(part.parameters())
+        return groups
+
+    def forward(self, x: torch.Tensor, cache: KDACache | None = None, return_cache: bool = False):
+        """x [B,T,d] -> y [B,T,d], or (y, cache) with return_cache; `cache` continues an earlier call."""
+        y, cache = self._mix(x, cache, self.backend, return_cache)
+        return (y, cache) if return_cache else y
+
+    def step(self, x_t: torch.Tensor, cache: KDACache | None) -> tuple[torch.Tensor, KDACache]:
+        """One position x_t [B,d] -> (y_t [B,d], cache); cache=None starts from empty.
+
+        A single position runs the recurrence itself: exact, and cheaper than a padded chunk.
+        """
+        y, cache = self._mix(x_t[:, None], cache, "recurrent", True)
+        return y[:, 0], cache
+
+    def _decay(self, x: torch.Tensor) -> torch.Tensor:
+        """The per-channel log-decay g [B,T,H,K] <= 0, in fp32 at least."""
+        B, T, _ = x.shape
+        f = self.f_b(self.f_a(x))
+        f = f.to(_compute_dtype(f)).view(B, T, self.n_heads, self.head_dim)
+        f = f + self.dt_bias.view(self.n_heads, self.head_dim)
+        A = self.A_log.exp()[:, None]
+        if self.gate_lower_bound is None:
+            return -A * F.softplus(f)
+        return self.gate_lower_bound * torch.sigmoid(A * f)
+
+    def _mix(self, x, cache, backend, return_cache):
+        B, T, _ = x.shape
+        H, K = self.n_heads, self.head_dim
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        conv_state = None
+        if self.short_conv:
+            cq, ck, cv = (None, None, None) if cache is None else cache.conv
+            (q, cq), (k, ck), (v, cv) = self.q_conv(q, cq), self.k_conv(k, ck), self.v_conv(v, cv)
+            conv_state = (cq, ck, cv)
+        q, k, v = (F.silu(t).view(B, T, H, K) for t in (q, k, v))
+        b = self.b_proj(x)
+        o, state = kda(
+            l2norm(q),
+            l2norm(k),
+            v,
+            self._decay(x),
+            torch.sigmoid(b.to(_compute_dtype(b))),
+            initial_state=None if cache is None else cache.state,
+            output_final_state=return_cache,
+            backend=backend,
+            chunk_size=self.chunk_size,
+        )
+        o = self.o_norm(o, self.g_b(self.g_a(x)).view(B, T, H, K))
+        y = self.o_proj(o.flatten(2))
+        return y, (KDACache(conv_state, state) if return_cache else None)

@@ -1,0 +1,51 @@
+"""fla's chunk_kda against the float64 recurrence on CUDA (gate 5); skipped without CUDA or fla.
+
+The comparison itself lives in benches/kda_gpu_gate.py, which prints the same numbers as a table.
+Error of a tensor: max|x - ref| / max|ref|; tolerances 1e-2 (bf16) and 1e-3 (fp32 / tf32), set in the
+bench. fp32 measured over 1e-3 on the H200 (Triton's default TF32 dot): docs/known-issues.md.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("fla.ops.kda", reason="needs fla-core (extra `gpu`)")
+
+from dormouse import counters, rng  # noqa: E402
+from dormouse.model.kda import KDALayer  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "kda_gpu_gate", Path(__file__).resolve().parents[2] / "benches" / "kda_gpu_gate.py"
+)
+gate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gate)
+
+
+@pytest.fixture(scope="module", params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def fla_errors(request):
+    errors, _, _ = gate.compare_fla(request.param)
+    return request.param, errors
+
+
+@pytest.mark.parametrize("tensor", ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"])
+def test_fla_matches_float64_recurrence(fla_errors, tensor):
+    dtype, errors = fla_errors
+    assert errors[tensor] <= gate.TOLERANCE[dtype], f"{tensor}: {errors[tensor]:.3e}"
+
+
+def test_layer_on_cuda_runs_fla_and_matches_chunked():
+    # The gate's B, T, H, K: fla's autotuned configs for it are then already cached.
+    layer = KDALayer(128, 8, 64, generator=rng.generator(0, 0, "init")).cuda()
+    x = torch.randn(10, 512, 128, generator=rng.generator(0, 0, "test")).cuda()
+    counters.KDA.reset()
+    y = layer(x)
+    assert (counters.KDA.fused, counters.KDA.calls) == (1, 1)
+    y.square().mean().backward()
+    for name, params in layer.param_groups().items():
+        assert all(p.grad is not None and p.grad.abs().max() > 0 for p in params), name
+    layer.backend = "chunked"
+    assert gate.rel_err(layer(x).detach(), y.detach().double()) <= gate.TOLERANCE[torch.float32]

@@ -1,0 +1,332 @@
+"""KDA: the chunked form against the recurrence (values and gradients), the layer, the dispatch.
+
+Errors are relative to the reference's scale: rel(x, ref) = max|x - ref| / max|ref|.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dormouse import counters, ledger, rng
+from dormouse.model import kda as kda_mod
+from dormouse.model.kda import (
+    KDA_PARAM_GROUPS,
+    KDALayer,
+    _decayed_scores,
+    kda,
+    kda_chunked,
+    kda_recurrent,
+    l2norm,
+    resolve_kda_backend,
+)
+from dormouse.model.norm import GatedRMSNorm
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x - ref).abs().max() / ref.abs().max()).item()
+
+
+def inputs(B, T, H, K, V, *, dtype=torch.float64, gate="soft", state=True, seed=0):
+    """Random KDA inputs: q, k L2-normalised, g <= 0, beta in (0, 1), optional initial state."""
+    gen = rng.generator(seed, 0, "test")
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k, v = l2norm(randn(B, T, H, K)), l2norm(randn(B, T, H, K)), randn(B, T, H, V)
+    if gate == "soft":
+        g = -F.softplus(randn(B, T, H, K))
+    else:  # strong: per-step log-decay anywhere in (-5, 0); a 64-chunk decays by up to e^-320
+        g = -5 * torch.rand(B, T, H, K, generator=gen, dtype=torch.float64)
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    h0 = randn(B, H, K, V) if state else None
+    return tuple(None if x is None else x.to(dtype) for x in (q, k, v, g, beta, h0))
+
+
+def make_layer(seed=0, d=32, H=2, K=8, **kw) -> KDALayer:
+    return KDALayer(d, H, K, generator=rng.generator(seed, 0, "init"), **kw)
+
+
+# --- gate 1: chunked == recurrent ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gate", ["soft", "strong"])
+@pytest.mark.parametrize("state", [True, False], ids=["h0", "no_h0"])
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("T", [1, 37, 64, 130])
+def test_chunked_matches_recurrent_fp64(T, chunk, state, gate):
+    q, k, v, g, beta, h0 = inputs(2, T, 2, 16, 8, gate=gate, state=state)
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, s = kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=chunk)
+    assert o.dtype == s.dtype == torch.float64
+    assert rel(o, o_ref) <= 1e-10
+    assert rel(s, s_ref) <= 1e-10
+
+
+@pytest.mark.parametrize("gate", ["soft", "strong"])
+@pytest.mark.parametrize("T,chunk", [(37, 16), (130, 64)])
+def test_chunked_fp32_matches_fp64_recurrence(T, chunk, gate):
+    args64 = inputs(2, T, 2, 16, 8, gate=gate)
+    o_ref, s_ref = kda_recurrent(*args64[:5], initial_state=args64[5], output_final_state=True)
+    q, k, v, g, beta, h0 = (x.float() for x in args64)
+    o, s = kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=chunk)
+    assert o.dtype == s.dtype == torch.float32
+    assert rel(o.double(), o_ref) <= 1e-4
+    assert rel(s.double(), s_ref) <= 1e-4
+
+
+def test_chunked_extreme_decay_stays_finite_in_fp32():
+    """g down to -40 a step: any exp of a positive in-chunk exponent would overflow fp32 (> e^88)."""
+    q, k, v, g, beta, h0 = inputs(2, 100, 2, 16, 8, gate="strong")
+    g = 8 * g
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    args = [x.float().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    o, s = kda_chunked(*args[:5], initial_state=args[5], output_final_state=True)
+    assert rel(o.double(), o_ref) <= 1e-4
+    assert rel(s.double(), s_ref) <= 1e-4
+    grads = torch.autograd.grad(o.sum() + s.sum(), args)
+    assert all(torch.isfinite(gr).all() for gr in grads)
+
+
+def test_chunked_scale_and_no_final_state():
+    q, k, v, g, beta, h0 = inputs(1, 20, 2, 8, 4)
+    o_ref, _ = kda_recurrent(q, k, v, g, beta, scale=0.3, initial_state=h0)
+    o, s = kda_chunked(q, k, v, g, beta, scale=0.3, initial_state=h0, chunk_size=16)
+    assert s is None
+    assert rel(o, o_ref) <= 1e-10
+
+
+def test_recurrent_follows_the_definition():
+    """Two steps by hand: decay along K, delta-rule write, then read with the scaled query."""
+    q, k, v, g, beta, h0 = inputs(1, 2, 1, 3, 2)
+    S = h0[0, 0].clone()
+    outs = []
+    for t in range(2):
+        S = S * g[0, t, 0].exp()[:, None]
+        k_t = k[0, t, 0]
+        S = S + beta[0, t, 0] * torch.outer(k_t, v[0, t, 0] - k_t @ S)
+        outs.append((3**-0.5 * q[0, t, 0]) @ S)
+    o, s = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert rel(o[0, :, 0], torch.stack(outs)) <= 1e-14
+    assert rel(s[0, 0], S) <= 1e-14
+
+
+@pytest.mark.parametrize("C", [64, 24, 5])
+@pytest.mark.parametrize("strict", [True, False])
+def test_decayed_scores_blocks_match_pairwise(C, strict):
+    """The sub-block factorisation equals the direct pairwise sum, and stays finite at strong decay."""
+    a, b, _, g, _, _ = inputs(3, C, 1, 16, 1, gate="strong", state=False)
+    G = g.cumsum(1)
+    keep = torch.ones(C, C, dtype=torch.bool).tril(-1 if strict else 0)
+    # Direct form, masked before exp (upper-triangle exponents overflow at these decays).
+    diff = (G[:, :, None] - G[:, None, :]).masked_fill(~keep[None, :, :, None, None], -math.inf)
+    ref = torch.einsum("bihd,bjhd,bijhd->bhij", a, b, diff.exp())
+    M = _decayed_scores(a.movedim(2, 1), b.movedim(2, 1), G.movedim(2, 1), strict=strict)
+    assert torch.isfinite(M).all()
+    assert rel(M, ref) <= 1e-13
+
+
+# --- gate 2: gradients -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T,chunk,gate", [(37, 16, "soft"), (130, 64, "strong")])
+def test_chunked_gradients_match_recurrent(T, chunk, gate):
+    args = [x.requires_grad_() for x in inputs(2, T, 2, 16, 8, gate=gate)]
+    gen = rng.generator(1, 0, "test")
+    do = torch.randn(2, T, 2, 8, generator=gen, dtype=torch.float64)
+    ds = torch.randn(2, 2, 16, 8, generator=gen, dtype=torch.float64)
+
+    def grads(fn, **kw):
+        o, s = fn(*args[:5], initial_state=args[5], output_final_state=True, **kw)
+        return torch.autograd.grad((o * do).sum() + (s * ds).sum(), args)
+
+    ref = grads(kda_recurrent)
+    got = grads(kda_chunked, chunk_size=chunk)
+    for name, x, r in zip(("q", "k", "v", "g", "beta", "initial_state"), got, ref, strict=True):
+        assert rel(x, r) <= 1e-8, name
+
+
+def test_gradcheck_chunked():
+    # chunk 32 = two sub-blocks of 16, so both halves of _decayed_scores are checked; T=20 pads.
+    args = [x.requires_grad_() for x in inputs(1, 20, 1, 3, 2, gate="strong", seed=2)]
+
+    def f(q, k, v, g, beta, h0):
+        return kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=32)
+
+    # fast mode (random projections of the Jacobian): the full Jacobian is already compared against the
+    # recurrence's above, and the full check costs one forward per input element.
+    assert torch.autograd.gradcheck(f, args, fast_mode=True)
+
+
+def test_gradcheck_recurrent():
+    args = [x.requires_grad_() for x in inputs(1, 5, 1, 3, 2, seed=3)]
+
+    def f(q, k, v, g, beta, h0):
+        return kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+
+    assert torch.autograd.gradcheck(f, args)
+
+
+# --- gate 3: every parameter group learns ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainer_like_grads():
+    """One backward at a trainer-like shape: B=2, T=100, d=128, H=4, K=32, chunk 64."""
+    layer = KDALayer(128, 4, 32, generator=rng.generator(0, 0, "init"), backend="chunked", chunk_size=64)
+    x = torch.randn(2, 100, 128, generator=rng.generator(0, 0, "test"))
+    layer(x).square().mean().backward()
+    return {name: [p.grad for p in params] for name, params in layer.param_groups().items()}
+
+
+@pytest.mark.parametrize("group", KDA_PARAM_GROUPS)
+def test_every_param_group_gets_a_gradient(trainer_like_grads, group):
+    grads = trainer_like_grads[group]
+    assert grads, f"{group} has no parameters"
+    for grad in grads:
+        assert grad is not None, f"{group} is detached from the loss"
+        assert torch.isfinite(grad).all(), f"{group} has a non-finite gradient"
+        assert grad.abs().max() > 0, f"{group} has an all-zero gradient"
+
+
+@pytest.mark.parametrize("short_conv", [True, False])
+def test_param_groups_partition_the_parameters(short_conv):
+    layer = make_layer(short_conv=short_conv)
+    groups = layer.param_groups()
+    expected = [n for n in KDA_PARAM_GROUPS if short_conv or not n.endswith("_conv")]
+    assert list(groups) == expected
+    listed = [id(p) for params in groups.values() for p in params]
+    assert sorted(listed) == sorted(id(p) for p in layer.parameters())
+
+
+# --- gate 4: decoding ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("short_conv", [True, False])
+def test_step_matches_forward(short_conv):
+    layer = make_layer(short_conv=short_conv, backend="chunked", chunk_size=16)
+    x = torch.randn(2, 21, 32, generator=rng.generator(0, 0, "test"))
+    with torch.no_grad():
+        full = layer(x)
+        cache, ys = None, []
+        for t in range(x.shape[1]):
+            y, cache = layer.step(x[:, t], cache)
+            ys.append(y)
+    assert rel(torch.stack(ys, 1), full) <= 1e-5
+    assert cache.state.shape == (2, 2, 8, 8) and cache.state.dtype == torch.float32
+
+
+@pytest.mark.parametrize("short_conv", [True, False])
+def test_prefill_then_step_matches_forward(short_conv):
+    layer = make_layer(short_conv=short_conv, backend="chunked", chunk_size=16)
+    x = torch.randn(2, 25, 32, generator=rng.generator(0, 0, "test"))
+    with torch.no_grad():
+        full = layer(x)
+        y0, prefilled = layer(x[:, :19], return_cache=True)
+        ys, cache = [y0], prefilled
+        for t in range(19, 25):
+            y, cache = layer.step(x[:, t], cache)
+            ys.append(y[:, None])
+        y1 = layer(x[:, 19:], cache=prefilled)  # or continue with a second chunked call
+    assert rel(torch.cat(ys, 1), full) <= 1e-5
+    assert rel(torch.cat([y0, y1], 1), full) <= 1e-5
+
+
+# --- the layer's pieces ----------------------------------------------------------------------------
+
+
+def test_construction_leaves_the_global_rng_alone_and_is_reproducible():
+    before = torch.random.get_rng_state()
+    a, b = make_layer(seed=5), make_layer(seed=5)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), name
+    c = make_layer(seed=6)
+    assert not torch.equal(a.q_proj.weight, c.q_proj.weight)
+    b.reset_parameters(rng.generator(5, 0, "init"))  # reset from a fresh stream reproduces the init
+    assert torch.equal(a.A_log, b.A_log) and torch.equal(a.o_proj.weight, b.o_proj.weight)
+
+
+def test_init_follows_fla():
+    layer = make_layer(d=64, H=8, K=16)
+    assert 0.015 < layer.q_proj.weight.std().item() < 0.025
+    assert (layer.A_log >= 0).all() and (layer.A_log <= math.log(16)).all()
+    dt = F.softplus(layer.dt_bias)
+    assert (dt >= 1e-4 * (1 - 1e-5)).all() and (dt <= 0.1 * (1 + 1e-5)).all()
+    assert torch.equal(layer.g_b.bias, torch.zeros_like(layer.g_b.bias))
+    assert torch.equal(layer.o_norm.norm.weight, torch.ones(16))
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None])
+def test_decay_gate_range(lower_bound):
+    layer = make_layer(gate_lower_bound=lower_bound)
+    with torch.no_grad():
+        layer.f_b.weight.mul_(500)  # push the gate pre-activations far out on both sides
+        g = layer._decay(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test")))
+    assert g.dtype == torch.float32 and (g <= 0).all()
+    if lower_bound is not None:
+        assert (g >= lower_bound).all() and g.min() < 0.9 * lower_bound
+
+
+def test_gated_rms_norm():
+    norm = GatedRMSNorm(8, eps=1e-6)
+    with torch.no_grad():
+        norm.norm.weight.copy_(torch.arange(1.0, 9.0))
+    x, gate = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    ref = x / (x.square().mean(-1, keepdim=True) + 1e-6).sqrt() * torch.arange(1.0, 9.0) * gate.sigmoid()
+    counters.NORM.reset()
+    assert rel(norm(x, gate), ref) <= 1e-12
+    assert (counters.NORM.fused, counters.NORM.calls) == (0, 1)
+
+
+# --- dispatch, counters, determinism ---------------------------------------------------------------
+
+
+def test_fla_on_cpu_is_refused_through_the_ledger():
+    assert ledger.SITES["kda.fla_unavailable"].kind is ledger.Kind.LOUD
+    q, k, v, g, beta, _ = inputs(1, 4, 1, 4, 4, dtype=torch.float32)
+    with pytest.raises(ledger.FallbackRefused, match="--kda-backend chunked") as err:
+        kda(q, k, v, g, beta, backend="fla")
+    assert err.value.site == "kda.fla_unavailable"
+
+
+def test_auto_on_cuda_without_fla_is_refused(monkeypatch):
+    # Only the device type and the import are consulted, so this runs without a GPU.
+    monkeypatch.setattr(kda_mod, "_fla_import", lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
+    for requested in ("auto", "fla"):
+        with pytest.raises(ledger.FallbackRefused, match="install the extra `gpu`") as err:
+            resolve_kda_backend(requested, torch.device("cuda"))
+        assert err.value.site == "kda.fla_unavailable"
+
+
+def test_resolve_backend_names():
+    cpu = torch.device("cpu")
+    assert resolve_kda_backend("auto", cpu) == "chunked"
+    assert resolve_kda_backend("chunked", cpu) == "chunked"
+    assert resolve_kda_backend("recurrent", cpu) == "recurrent"
+    with pytest.raises(ValueError, match="unknown KDA backend"):
+        resolve_kda_backend("triton", cpu)
+    with pytest.raises(ValueError, match="unknown KDA backend"):
+        make_layer(backend="triton")
+
+
+def test_counters_record_every_call_as_unfused_on_cpu():
+    q, k, v, g, beta, _ = inputs(1, 8, 1, 4, 4, dtype=torch.float32)
+    counters.KDA.reset()
+    o_auto, _ = kda(q, k, v, g, beta)
+    o_rec, _ = kda(q, k, v, g, beta, backend="recurrent")
+    make_layer()(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
+    assert (counters.KDA.fused, counters.KDA.calls) == (0, 3)
+    assert rel(o_auto, o_rec) <= 1e-5
+
+
+def test_bitwise_deterministic():
+    q, k, v, g, beta, h0 = inputs(2, 70, 2, 16, 8, dtype=torch.float32)
+    a = kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    b = kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    layer = make_layer(backend="chunked", chunk_size=16)
+    x = torch.randn(2, 40, 32, generator=rng.generator(0, 0, "test"))
+    assert torch.equal(layer(x), layer(x))
