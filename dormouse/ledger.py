@@ -36,6 +36,7 @@ class FallbackRefused(DormouseError):
 SITES: dict[str, Site] = {}
 COUNTS: Counter = Counter()
 
+
 def register(name: str, kind: Kind, reason: str, module: str) -> str:
     if name in SITES and SITES[name] != Site(name, kind, reason, module):
         raise ValueError(f"ledger site {name!r} registered twice with different entries")

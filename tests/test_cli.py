@@ -9,7 +9,7 @@ import pytest
 
 from dormouse.cli import build_parser, main
 
-REQUIRED = {"prepare": ["in.txt", "--out", "X"], "inspect": [], "ledger": []}
+REQUIRED = {"prepare": ["in.txt", "--out", "X"], "inspect": [], "ledger": [], "train": [], "eval": ["RUN"]}
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -29,6 +29,7 @@ from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
 from dormouse.train.stress import StressMonitor
 
+
 class Trainer:
     def __init__(self, cfg: Config, corpus: Corpus, run_dir: Path, *, corpus_note: str, resume: bool = False):
         self.cfg, self.corpus, self.run = cfg, corpus, Path(run_dir)
