@@ -9,7 +9,14 @@ import pytest
 
 from dormouse.cli import build_parser, main
 
-REQUIRED = {"prepare": ["in.txt", "--out", "X"], "inspect": [], "ledger": [], "train": [], "eval": ["RUN"]}
+REQUIRED = {
+    "prepare": ["in.txt", "--out", "X"],
+    "inspect": [],
+    "ledger": [],
+    "train": [],
+    "eval": ["RUN"],
+    "generate": ["RUN", "--prompt", "x"],
+}
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
