@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import sys
 import time
+from pathlib import Path
 
 from dormouse import __version__
 from dormouse.errors import DormouseError
@@ -18,9 +19,29 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect_run(run: Path, plot: bool) -> int:
+    from dormouse import checkpoint
+    from dormouse.plots import plot_curves
+
+    print(f"run: {run}")
+    print((run / "run.json").read_text().strip())
+    for which in ("last", "best"):
+        ck = checkpoint.load(run, which)  # verified: a damaged checkpoint is reported, not summarised
+        print(f"{which}: step {ck.step}, best bpb {ck.state['best_bpb']} at step {ck.state['best_step']}")
+    evals = [line for line in (run / "train.log").read_text().splitlines() if line.startswith("eval ")]
+    print(evals[-1] if evals else "no eval yet")
+    if plot:
+        print(f"curves: {plot_curves(run)}")
+    return 0
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from dormouse.config import config_from_args
 
+    if args.path is not None and (Path(args.path) / "config.json").is_file():
+        return _inspect_run(Path(args.path), args.plot)
+    if args.plot:
+        raise DormouseError("--plot needs a run directory (one written by `dormouse train`)")
     cfg = config_from_args(args)  # refuse a bad config before touching any corpus
     from dormouse.data.default_corpus import default_corpus_dir, describe_default_corpus
     from dormouse.data.shards import inspect_corpus
@@ -166,15 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "inspect",
-        help="summarise a prepared corpus (default: the embedded default corpus) and print the resolved config",
+        help="summarise a run, or a prepared corpus (default: the embedded one) and the resolved config",
     )
     p.add_argument(
         "path",
         nargs="?",
         default=None,
-        metavar="CORPUS",
-        help="a directory written by `dormouse prepare`; omitted: the default corpus (prepared once)",
+        metavar="CORPUS|RUN",
+        help="a run directory, or a corpus written by `dormouse prepare`; omitted: the default corpus",
     )
+    p.add_argument("--plot", action="store_true", help="for a run directory: write RUN/curves.png")
     add_config_flags(p)
     p.set_defaults(func=_cmd_inspect)
 

@@ -164,3 +164,19 @@ def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys)
     assert f"step=6 bpb={record['bpb']:.4f} ce={record['ce']:.4f}" in line
     assert "engram=off" in line and "kda=0/" in line and "fallbacks=0" in line
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+
+
+def test_minutes_stops_by_wall_time_with_an_eval_and_a_checkpoint(corpus, tmp_path):
+    trainer = fresh(tiny_config(steps=100_000, minutes=0.02, eval_every=1000, ckpt_every=1000), corpus, tmp_path / "r")
+    record = trainer.run_loop()
+    assert 0 < trainer.step < 100_000
+    assert record["step"] == trainer.step == checkpoint.last_step(tmp_path / "r")
+
+
+def test_inspect_a_run_prints_its_checkpoints_and_plots(corpus, tmp_path, capsys):
+    fresh(tiny_config(), corpus, tmp_path / "r").run_loop(until_step=4)
+    assert main(["inspect", str(tmp_path / "r"), "--plot"]) == 0
+    out = capsys.readouterr().out
+    assert "last: step 4" in out and "best: step 4" in out and "eval step=4 " in out
+    assert (tmp_path / "r" / "curves.png").stat().st_size > 0
+    assert main(["inspect", str(corpus.root), "--plot"]) == 2
