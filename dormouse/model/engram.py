@@ -1,0 +1,389 @@
+"""Engram: a hashed byte n-gram memory with a context-aware gate (DeepSeek, arXiv 2601.07372), byte-level.
+
+Reference sheet: /work/shared/reference/components.md §2. Three parts, each with one implementation:
+
+1. **Keys** (`engram_keys`, THE key function; training, eval and decode all call it, decode through
+   `engram_keys_step`, which runs the same code on a rolling window). A pure function of
+   (bytes, orders, heads, rows, seed); nothing else (no global RNG, no Python `hash()`, no device state).
+2. **Tables**: one `nn.Embedding(arms · rows, dim)`; arm `a` owns rows `[a·rows, (a+1)·rows)`
+   (`global_rows`). Updated row-wise by `dormouse.train.sparse.SparseRowAdam` (declared "sparse").
+3. **Fusion** (`Engram.forward`): the arms' vectors, concatenated, are projected to a value and a key;
+   the key is gated against the hidden state; the gated value is what the caller adds to the residual.
+
+Hash formula (the contract; tests/test_engram.py recomputes it with a loop over positions)
+-------------------------------------------------------------------------------------------
+Notation: `x[b, t]` the bytes (int64 in [0, 256)), `PAD = 256` (no byte has it), `N = max(orders)`,
+arms `a = i·heads + j` for order `n_a = orders[i]` and head `j` (order-major, head-minor),
+`A = len(orders)·heads`.
+
+* Padded history: `x̃[b, s] = x[b, s]` for `s ≥ 0`, `PAD` for `s < 0` (before the sequence started).
+* Multipliers: `r = torch.randint(0, HALF, (A, N), dtype=int64, generator=rng.generator(seed, 0,
+  "engram_hash"))` drawn on the CPU, `m[a, k] = 2·r[a, k] + 1` (odd), with `M_MAX = (2**63 − 1) // 257`
+  and `HALF = M_MAX // 2`, so `m ≤ M_MAX − 1` and `x̃ · m ≤ 256 · M_MAX ≤ 2**63 − 1`: no product
+  overflows int64 (the demo's bound with |V'| = 257 symbols: 256 bytes + PAD). Every arm has its
+  own multipliers: `heads` independent hash functions per order. Only `m[a, :n_a]` is used.
+* Primes: `p_0` = the smallest prime ≥ `rows`, `p_a` = the smallest prime > `p_{a−1}`: distinct per
+  (order, head), as in the demo.
+* Key of arm `a` at position `t`:
+
+      mix_a(t) = (x̃[t]·m[a,0]) XOR (x̃[t−1]·m[a,1]) XOR … XOR (x̃[t−n_a+1]·m[a,n_a−1])   (≥ 0, exact)
+      key_a(t) = (mix_a(t) mod p_a) mod rows                                            ∈ [0, rows)
+
+  The prime modulus folds all 63 bits of `mix` into the key (a power-of-two `rows` alone would keep
+  only low bits, and the low bits of `x·m` depend only on the low bits of `x`). Since `p_a ≥ rows`,
+  the final `mod rows` folds the `p_a − rows` top residues onto rows `[0, p_a − rows)`, which are
+  therefore twice as likely; `p_a − rows` is of the order of `A · ln(rows)`, negligible for real
+  table sizes.
+
+The multipliers come from torch's CPU generator: stable across processes and machines for one torch
+version. `key_fingerprint` hashes the multipliers and primes; stamp it into a checkpoint to detect a
+torch upgrade that changed `randint` (the tables would then be addressed by different keys).
+
+Keys are causal by construction: `key_a(t)` reads `x[t−n_a+1 .. t]` only.
+"""
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dormouse import rng
+from dormouse.model.ffn import linear, normal_init_
+from dormouse.model.norm import RMSNorm
+
+PAD = 256  # the pre-sequence filler: outside the byte range, so it never aliases a real n-gram
+N_SYMBOLS = 257  # 256 bytes + PAD
+M_MAX = (2**63 - 1) // N_SYMBOLS
+HALF = M_MAX // 2
+
+
+# ---- hashing ---------------------------------------------------------------------------------------------
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin; exact for every n < 3.3e24 (these bases)."""
+    if n < 2:
+        return False
+    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    for p in small:
+        if n % p == 0:
+            return n == p
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in small:
+        y = pow(a, d, n)
+        if y in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            y = y * y % n
+            if y == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _check_config(orders, heads: int, rows: int, seed: int) -> tuple[int, ...]:
+    orders = tuple(int(n) for n in orders)
+    if not orders:
+        raise ValueError("engram orders must not be empty")
+    if min(orders) < 1 or len(set(orders)) != len(orders):
+        raise ValueError(f"engram orders must be distinct integers >= 1, got {orders}")
+    if heads < 1:
+        raise ValueError(f"engram heads must be >= 1, got {heads}")
+    if rows < 1:
+        raise ValueError(f"engram rows must be >= 1, got {rows}")
+    if seed < 0:
+        raise ValueError(f"engram seed must be >= 0, got {seed}")
+    return orders
+
+
+def hash_params(orders, heads: int, rows: int, seed: int) -> tuple[tuple, tuple]:
+    """(multipliers, primes) of the documented formula as Python ints: `m[a][k]` for k < N, `p[a]`."""
+    return _hash_params(_check_config(orders, heads, rows, seed), int(heads), int(rows), int(seed))
+
+
+@functools.lru_cache(maxsize=64)
+def _hash_params(orders: tuple[int, ...], heads: int, rows: int, seed: int) -> tuple[tuple, tuple]:
+    # Cached per configuration: a pure function, and the draw and the prime search are its only cost.
+    arms, n_max = len(orders) * heads, max(orders)
+    r = torch.randint(0, HALF, (arms, n_max), dtype=torch.int64, generator=rng.generator(seed, 0, "engram_hash"))
+    mult = tuple(tuple(2 * int(v) + 1 for v in row) for row in r.tolist())
+    assert all(PAD * m <= 2**63 - 1 for row in mult for m in row)  # the overflow bound, by construction
+    primes, p = [], rows
+    while len(primes) < arms:
+        if _is_prime(p):
+            primes.append(p)
+        p += 1
+    return mult, tuple(primes)
+
+
+@functools.lru_cache(maxsize=64)
+def _hash_tensors(orders: tuple[int, ...], heads: int, rows: int, seed: int, device: torch.device):
+    """The multipliers as an int64 tensor [arms, N] with zeros past each arm's order, and primes [arms]."""
+    mult, primes = hash_params(orders, heads, rows, seed)
+    n_max = max(orders)
+    masked = [
+        [m if k < orders[a // heads] else 0 for k, m in enumerate(row)]  # x·0 = 0 and v XOR 0 = v
+        for a, row in enumerate(mult)
+    ]
+    m = torch.tensor(masked, dtype=torch.int64).reshape(len(mult), n_max).to(device)
+    return m, torch.tensor(primes, dtype=torch.int64).to(device)
+
+
+def key_fingerprint(orders, heads: int, rows: int, seed: int) -> str:
+    """sha256 (hex) of everything the keys depend on besides the bytes: stamp it next to the tables."""
+    orders = _check_config(orders, heads, rows, seed)
+    mult, primes = hash_params(orders, heads, rows, seed)
+    text = f"engram-keys-v1 pad={PAD} orders={orders} heads={heads} rows={rows} mult={mult} primes={primes}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _keys_from_context(ctx: torch.Tensor, orders, heads: int, rows: int, seed: int) -> torch.Tensor:
+    """Keys [B, T, arms] for the last T positions of `ctx` [B, N−1+T] (the first N−1 entries are history).
+
+    The only place the formula is computed: `engram_keys` passes PAD history, decode passes its window.
+    """
+    n_max = max(orders)
+    batch, width = ctx.shape
+    t_len = width - (n_max - 1)
+    mult, primes = _hash_tensors(orders, heads, rows, seed, ctx.device)
+    mix = torch.zeros(batch, t_len, mult.shape[0], dtype=torch.int64, device=ctx.device)
+    for k in range(n_max):  # x̃[t − k] for every t, as a view
+        back = ctx[:, n_max - 1 - k : n_max - 1 - k + t_len]
+        mix.bitwise_xor_(back.unsqueeze(-1) * mult[:, k])
+    return torch.remainder(torch.remainder(mix, primes), rows)
+
+
+def _check_bytes(x: torch.Tensor, name: str) -> None:
+    if x.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64 byte values, got {x.dtype}")
+    if x.numel() and bool(((x < 0) | (x > 255)).any()):  # one host sync
+        # A value ≥ 256 would alias PAD (or be hashed as a non-byte): refuse rather than hash it.
+        raise ValueError(f"{name} must hold bytes in [0, 256); got values in [{int(x.min())}, {int(x.max())}]")
+
+
+def engram_keys(input_ids: torch.Tensor, orders, heads: int, rows: int, seed: int) -> torch.Tensor:
+    """THE key function: input_ids [B, T] int64 bytes -> per-arm row ids [B, T, arms] int64 in [0, rows).
+
+    Arms are ordered order-major, head-minor (`a = orders.index(n)·heads + head`). Each arm has its own
+    table slice; `global_rows` adds the offsets. See the module docstring for the exact formula.
+    Computed on input_ids' device with exact int64 arithmetic only, so every device gives the same keys
+    (tested on the CPU; no GPU run yet).
+    """
+    orders = _check_config(orders, heads, rows, seed)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+    _check_bytes(input_ids, "input_ids")
+    pad = input_ids.new_full((input_ids.shape[0], max(orders) - 1), PAD)
+    return _keys_from_context(torch.cat([pad, input_ids], dim=1), orders, heads, rows, seed)
+
+
+# ---- decode: the rolling window --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngramWindow:
+    """The last `max(orders) − 1` bytes of each batch row, oldest first; PAD where the sequence had not begun."""
+
+    history: torch.Tensor  # [B, max(orders) − 1] int64
+
+    @classmethod
+    def empty(cls, batch_size: int, orders, device: torch.device | str = "cpu") -> "EngramWindow":
+        """The window at the start of a sequence (all PAD)."""
+        return cls(torch.full((batch_size, max(orders) - 1), PAD, dtype=torch.int64, device=device))
+
+    @classmethod
+    def from_prefix(cls, input_ids: torch.Tensor, orders) -> "EngramWindow":
+        """The window after a prefill of input_ids [B, T] from the start of the sequence."""
+        _check_bytes(input_ids, "input_ids")
+        n = max(orders) - 1
+        pad = input_ids.new_full((input_ids.shape[0], n), PAD)
+        return cls(torch.cat([pad, input_ids], dim=1)[:, input_ids.shape[1] :].clone())
+
+
+def engram_keys_step(
+    window: EngramWindow, byte: torch.Tensor, orders, heads: int, rows: int, seed: int
+) -> tuple[torch.Tensor, EngramWindow]:
+    """One decode position: byte [B] int64 -> (keys [B, arms] for that byte, the advanced window).
+
+    Equal to `engram_keys(whole sequence)[:, t]` at every position t (the same `_keys_from_context`).
+    """
+    if byte.ndim != 1:
+        raise ValueError(f"byte must be [B], got shape {tuple(byte.shape)}")
+    keys, window = engram_keys_continue(window, byte.unsqueeze(1), orders, heads, rows, seed)
+    return keys[:, 0], window
+
+
+def engram_keys_continue(
+    window: EngramWindow, input_ids: torch.Tensor, orders, heads: int, rows: int, seed: int
+) -> tuple[torch.Tensor, EngramWindow]:
+    """Keys [B, T, arms] of input_ids [B, T] that continue the sequence whose last bytes `window`
+    holds, and the advanced window (a prefill after earlier bytes, or T = 1 in `engram_keys_step`)."""
+    orders = _check_config(orders, heads, rows, seed)
+    _check_bytes(input_ids, "input_ids")
+    hist = window.history
+    if input_ids.ndim != 2 or hist.shape != (input_ids.shape[0], max(orders) - 1):
+        raise ValueError(
+            f"engram window is {tuple(hist.shape)}; orders {orders} with input {tuple(input_ids.shape)} need "
+            f"{(input_ids.shape[0], max(orders) - 1)}"
+        )
+    ctx = torch.cat([hist, input_ids], dim=1)
+    keys = _keys_from_context(ctx, orders, heads, rows, seed)
+    return keys, EngramWindow(ctx[:, ctx.shape[1] - hist.shape[1] :].clone())
+
+
+# ---- table rows ------------------------------------------------------------------------------------------
+
+
+def global_rows(keys: torch.Tensor, rows: int) -> torch.Tensor:
+    """Per-arm keys [..., arms] -> rows of the one big table: `a·rows + key` for arm a (same shape)."""
+    arms = keys.shape[-1]
+    return keys + torch.arange(arms, dtype=keys.dtype, device=keys.device) * rows
+
+
+def table_rows_touched(keys: torch.Tensor, rows: int) -> torch.Tensor:
+    """The sorted distinct table rows [k] that `keys` [..., arms] read: unique(global_rows(keys, rows))."""
+    return torch.unique(global_rows(keys, rows).reshape(-1), sorted=True)
+
+
+def count_rows_touched(keys: torch.Tensor, rows: int) -> torch.Tensor:
+    """`table_rows_touched(keys, rows).numel()` as a 0-dim int64 tensor, computed without a host sync."""
+    flat = global_rows(keys, rows).reshape(-1)
+    if flat.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=keys.device)
+    s = flat.sort().values
+    return (s[1:] != s[:-1]).sum() + 1
+
+
+@dataclass
+class EngramStats:
+    """What one or more Engram calls looked up, for the eval line's `engram=<rows>/<arms>`.
+
+    rows  distinct table rows read by the call (`count_rows_touched`: rows of the whole arms·rows table,
+          so the same key in two arms counts twice). Summed over calls when stats are added, so an
+          eval's `rows` is Σ over its batches of per-batch distinct rows (not distinct over the eval).
+          A 0-dim int64 tensor (no host sync in the forward); `str()` reads it.
+    arms  (position, arm) lookups made: positions × arms (B·T·arms for a sequence, B·arms for a step).
+
+    So 0 < rows ≤ arms whenever the memory ran on at least one position; rows = 0 means it did not.
+    """
+
+    rows: torch.Tensor
+    arms: int
+
+    def __add__(self, other: "EngramStats") -> "EngramStats":
+        return EngramStats(self.rows + other.rows.to(self.rows.device), self.arms + other.arms)
+
+    def __str__(self) -> str:
+        return f"{int(self.rows)}/{self.arms}"
+
+
+# ---- the module ------------------------------------------------------------------------------------------
+
+
+class Engram(nn.Module):
+    """Hashed byte n-gram memory with a context-aware gate; returns what to add to the residual stream.
+
+    For keys of the `arms = len(orders)·heads` arms at a position and hidden state `h ∈ R^d` there:
+
+        e = concat_a table[a·rows + key_a]          ∈ R^{arms·dim}     (arm-major, as the keys)
+        k = W_K e,  v = W_V e                       W_K, W_V: bias-free Linear(arms·dim → d)
+        s = <RMSNorm_k(k), RMSNorm_h(h)> / sqrt(d)  (two RMSNorms with their own gains; s in fp32 at least)
+        α = σ(s)                                    the paper's gate
+        delta = α · v
+
+    Not taken: the demo's signed square root of the logit, `σ(sign(s)·sqrt(max(|s|, 1e−6)))` (in
+    deepseek-ai/Engram's engram_demo_v1.py, not in the paper's equation). Not implemented yet: the
+    reference's short conv `Y = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))` (kernel 4, dilation max(orders)),
+    nor hyper-connection branches (M = 1 here). The tokenizer compression of the paper is the
+    identity here (bytes are not case-folded).
+
+    Init (from `generator`, in this order): table N(0, 0.02), W_K, W_V N(0, 0.02); RMSNorm gains 1.
+    The table is declared `_dormouse_route = "sparse"` on its module (routing.py honours module
+    declarations; they survive copies). With `sparse_grad=True` (default) its gradient is a sparse
+    COO tensor with one entry per lookup, so backward and the optimizer cost O(lookups), not O(table);
+    torch.nn.utils.clip_grad_norm_ and AdamW refuse sparse gradients (use
+    dormouse.train.sparse.clip_grad_norm_ and SparseRowAdam). With `sparse_grad=False` the gradient is
+    a dense table-sized tensor (O(table) per step).
+
+    `forward(h, keys)`: h [B, T, d] with keys [B, T, arms] (from `self.keys`/`engram_keys`), or one
+    decode position h [B, d] with keys [B, arms] (from `self.step_keys`). Returns (delta shaped like h,
+    EngramStats).
+    """
+
+    def __init__(
+        self,
+        *,
+        orders,
+        heads: int,
+        rows: int,
+        dim: int,
+        d_model: int,
+        seed: int,
+        generator: torch.Generator,
+        eps: float = 1e-6,
+        sparse_grad: bool = True,
+    ):
+        super().__init__()
+        self.orders = _check_config(orders, heads, rows, seed)
+        self.heads, self.rows, self.dim, self.d_model, self.seed = heads, rows, dim, d_model, seed
+        self.arms = len(self.orders) * heads
+        if dim < 1 or d_model < 1:
+            raise ValueError(f"engram dim and d_model must be >= 1, got dim={dim} d_model={d_model}")
+        n = self.arms * rows
+        self.table = nn.Embedding(n, dim, _weight=torch.empty(n, dim), sparse=sparse_grad)
+        self.table._dormouse_route = "sparse"  # row-wise updates (dormouse.train.sparse.SparseRowAdam)
+        self.w_k = linear(self.arms * dim, d_model)
+        self.w_v = linear(self.arms * dim, d_model)
+        self.key_norm = RMSNorm(d_model, eps)
+        self.hidden_norm = RMSNorm(d_model, eps)
+        self.reset_parameters(generator)
+
+    def reset_parameters(self, gen: torch.Generator) -> None:
+        normal_init_(self.table.weight, gen)
+        normal_init_(self.w_k.weight, gen)
+        normal_init_(self.w_v.weight, gen)
+        self.key_norm.reset_parameters()
+        self.hidden_norm.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"orders={self.orders}, heads={self.heads}, rows={self.rows}, dim={self.dim}, seed={self.seed}"
+
+    # The key function with this module's configuration (so a model cannot hash with another one).
+
+    def keys(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return engram_keys(input_ids, self.orders, self.heads, self.rows, self.seed)
+
+    def empty_window(self, batch_size: int, device: torch.device | str = "cpu") -> EngramWindow:
+        return EngramWindow.empty(batch_size, self.orders, device)
+
+    def step_keys(self, window: EngramWindow, byte: torch.Tensor) -> tuple[torch.Tensor, EngramWindow]:
+        return engram_keys_step(window, byte, self.orders, self.heads, self.rows, self.seed)
+
+    def continue_keys(self, window: EngramWindow, input_ids: torch.Tensor) -> tuple[torch.Tensor, EngramWindow]:
+        return engram_keys_continue(window, input_ids, self.orders, self.heads, self.rows, self.seed)
+
+    def fingerprint(self) -> str:
+        return key_fingerprint(self.orders, self.heads, self.rows, self.seed)
+
+    def forward(self, h: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, EngramStats]:
+        if keys.dtype != torch.int64:
+            raise TypeError(f"engram keys must be int64, got {keys.dtype}")
+        if keys.shape != (*h.shape[:-1], self.arms) or h.shape[-1] != self.d_model:
+            raise ValueError(
+                f"engram keys {tuple(keys.shape)} do not match hidden {tuple(h.shape)}: expected keys "
+                f"{(*h.shape[:-1], self.arms)} ({self.arms} arms) and d_model {self.d_model}"
+            )
+        idx = global_rows(keys, self.rows)
+        e = self.table(idx).flatten(-2)  # [..., arms·dim]
+        v = self.w_v(e)
+        k = self.w_k(e)
+        dt = torch.promote_types(v.dtype, torch.float32)
+        s = (self.key_norm(k).to(dt) * self.hidden_norm(h).to(dt)).sum(-1, keepdim=True) / self.d_model**0.5
+        delta = torch.sigmoid(s).to(v.dtype) * v
+        stats = EngramStats(count_rows_touched(keys, self.rows), keys.numel())
+        return delta.to(h.dtype), stats

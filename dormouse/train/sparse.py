@@ -1,0 +1,205 @@
+"""SparseRowAdam: row-wise ("lazy") Adam for the Engram tables, and a gradient clip that takes sparse gradients.
+
+Per 2-D parameter W [R, D] (a table of R rows) with gradient G, at every step:
+
+    rows = { r : G[r] has a non-zero entry }            the row set comes from the gradient
+    for r in rows (only):
+        s_r ← s_r + 1                                   per-row step count
+        m_r ← β1 m_r + (1 − β1) G[r]
+        v_r ← β2 v_r + (1 − β2) G[r]²
+        W[r] ← W[r] − lr / (1 − β1^{s_r}) · m_r / (sqrt(v_r) / sqrt(1 − β2^{s_r}) + eps)
+
+(torch.optim.Adam's update, with the step count and so the bias correction kept per row.) Rows not in
+the set are left bit-identical, and so are their moments and step counts: they do not decay while a
+row is unused ("lazy Adam", as torch.optim.SparseAdam). A row seen for the first time has s_r = 1 and
+gets a full-size first update, however many steps the table has taken. A row that was looked up but
+whose gradient is exactly zero is not updated (it is indistinguishable from an unused row).
+
+No weight decay, and the constructor refuses one: decoupled decay of every row at every step would
+erase rows that are merely rare (the memory), and decay of only the touched rows would penalise a row
+in proportion to how often it is used. `routing.WEIGHT_DECAY["sparse"]` must therefore not be passed.
+
+Cost per step: the gradient of `nn.Embedding(..., sparse=True)` (dormouse.model.engram.Engram's
+default) is a sparse COO tensor with one entry per lookup. It is coalesced (sort + sum of duplicates:
+O(L log L) for L lookups), the all-zero rows dropped, and only those rows of W, m, v, s are gathered,
+updated and scattered back (`index_copy_` with distinct sorted indices: deterministic). Nothing of
+size R is touched after the first step; the first step allocates the state (m, v in the parameter's
+dtype promoted to fp32 at least, s int64: 2·R·D floats + R ints, once). A dense gradient is accepted
+too and gives the same update, but finding its non-zero rows reads all R·D entries (and backward has
+already written them): O(table) per step.
+
+State dict: torch's layout (`state` per parameter: exp_avg, exp_avg_sq [R, D], step [R] int64), plus
+`load_state_dict` keeps the saved dtypes (torch would cast the moments to the parameter's dtype) and
+moves every state tensor to the parameter's device. Like torch's, the state dict and a loaded state
+share tensors with their source: serialise before stepping again.
+"""
+
+import torch
+from torch import nn
+
+
+def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted distinct row indices [k] with a non-zero gradient entry, their gradient rows [k, D])."""
+    if grad.is_sparse:
+        if grad.sparse_dim() != 1 or grad.dense_dim() != 1:
+            raise ValueError(
+                f"SparseRowAdam needs a row-sparse gradient (sparse_dim 1, dense_dim 1, as nn.Embedding's); "
+                f"got sparse_dim {grad.sparse_dim()}, dense_dim {grad.dense_dim()}"
+            )
+        g = grad.coalesce()  # sums duplicate rows; indices sorted and distinct
+        idx, vals = g.indices()[0], g.values()
+        keep = vals.ne(0).any(dim=1)
+        return idx[keep], vals[keep]
+    if grad.layout != torch.strided:
+        raise ValueError(f"SparseRowAdam takes a dense or sparse COO gradient, got layout {grad.layout}")
+    idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # O(table): reads every entry
+    return idx, grad.index_select(0, idx)
+
+
+class SparseRowAdam(torch.optim.Optimizer):
+    """Lazy row-wise Adam with per-row step counts for 2-D tables (see the module docstring).
+
+    `rows_updated` is the number of rows (over all parameters) the last `step()` updated.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        if lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if weight_decay != 0:
+            raise ValueError(
+                f"SparseRowAdam has no weight decay (got {weight_decay}): decaying table rows erases the "
+                "memory of rare n-grams; route the tables with weight decay 0"
+            )
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0}
+        super().__init__(params, defaults)
+        self.rows_updated = 0
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if group["weight_decay"] != 0:
+            raise ValueError(f"SparseRowAdam has no weight decay; a param group asks for {group['weight_decay']}")
+        for p in group["params"]:
+            if p.ndim != 2:
+                raise ValueError(f"SparseRowAdam updates 2-D tables [rows, dim]; got shape {tuple(p.shape)}")
+
+    @staticmethod
+    def _init_state(p: torch.Tensor) -> dict:
+        dt = torch.promote_types(p.dtype, torch.float32)
+        return {
+            "exp_avg": torch.zeros(p.shape, dtype=dt, device=p.device),
+            "exp_avg_sq": torch.zeros(p.shape, dtype=dt, device=p.device),
+            "step": torch.zeros(p.shape[0], dtype=torch.int64, device=p.device),
+        }
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.rows_updated = 0
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                idx, g = _touched_rows(p.grad)
+                if idx.numel() == 0:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(self._init_state(p))
+                m_all, v_all, s_all = state["exp_avg"], state["exp_avg_sq"], state["step"]
+                g = g.to(m_all.dtype)
+                s = s_all.index_select(0, idx) + 1
+                m = m_all.index_select(0, idx).mul_(beta1).add_(g, alpha=1 - beta1)
+                v = v_all.index_select(0, idx).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                s_all.index_copy_(0, idx, s)
+                m_all.index_copy_(0, idx, m)
+                v_all.index_copy_(0, idx, v)
+                self.rows_updated += idx.numel()
+                if lr == 0:
+                    continue  # the moments and counts move as in Adam; the weights stay bit-identical
+                # Bias corrections per row, in float64 (as torch.optim.Adam's Python-float scalars).
+                sf = s.to(torch.float64)
+                step_size = (lr / (1 - torch.pow(beta1, sf))).to(m.dtype).unsqueeze(1)
+                bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, sf)).to(m.dtype).unsqueeze(1)
+                denom = v.sqrt().div_(bc2_sqrt).add_(eps)
+                w = p.index_select(0, idx).to(m.dtype)
+                w.sub_(step_size * (m / denom))
+                p.index_copy_(0, idx, w.to(p.dtype))
+        return loss
+
+    def row_steps(self, p: torch.Tensor) -> torch.Tensor:
+        """The per-row step counts [R] of parameter p (zeros before its first update)."""
+        state = self.state.get(p)
+        if not state:
+            return torch.zeros(p.shape[0], dtype=torch.int64, device=p.device)
+        return state["step"]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len(ids) != len(params):
+            raise ValueError(f"optimizer state has {len(ids)} parameters; this optimizer has {len(params)}")
+        saved = state_dict["state"]
+        for i, p in zip(ids, params, strict=True):
+            if i not in saved:
+                continue
+            st = saved[i]
+            if set(st) != {"exp_avg", "exp_avg_sq", "step"}:
+                raise ValueError(f"SparseRowAdam state for parameter {i} has keys {sorted(st)}")
+            for key in ("exp_avg", "exp_avg_sq"):
+                if tuple(st[key].shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"state {key} of parameter {i} is {tuple(st[key].shape)}, table is {tuple(p.shape)}"
+                    )
+            if tuple(st["step"].shape) != (p.shape[0],) or st["step"].dtype != torch.int64:
+                raise ValueError(
+                    f"state step of parameter {i} is {st['step'].dtype} {tuple(st['step'].shape)}; "
+                    f"needs int64 ({p.shape[0]},): one count per row"
+                )
+        super().load_state_dict(state_dict)
+        # torch casts floating state to the parameter's dtype and leaves "step" on its saved device:
+        # keep the saved dtypes (fp32 moments for a bf16 table, int64 counts), on the parameter's device.
+        for i, p in zip(ids, params, strict=True):
+            if i in saved:
+                self.state[p] = {k: v.to(device=p.device) for k, v in saved[i].items()}
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ (2-norm) that also takes sparse COO gradients (Engram tables).
+
+    A sparse gradient is coalesced first (duplicate rows summed: the norm is of the summed gradient)
+    and replaced by its coalesced form; its norm is that of its values. The total norm and the clip
+    are torch's own (`get_total_norm`, `clip_grads_with_norm_`) for the dense gradients, so with no
+    sparse gradient the result is torch's, bit for bit. Returns the total norm.
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    params = [p for p in params if p.grad is not None]
+    dense = [p for p in params if not p.grad.is_sparse]
+    sparse = [p for p in params if p.grad.is_sparse]
+    for p in sparse:
+        p.grad = p.grad.coalesce()
+    norms_of = [p.grad for p in dense] + [p.grad.values() for p in sparse]
+    total = nn.utils.get_total_norm(norms_of, 2.0)
+    if dense:
+        nn.utils.clip_grads_with_norm_(dense, max_norm, total)
+    if sparse:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for p in sparse:
+            p.grad.values().mul_(coef.to(p.grad.device, p.grad.dtype))
+    return total
