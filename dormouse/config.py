@@ -56,6 +56,12 @@ class ModelConfig:
     )
     memory_slots: int = _f(0, "persistent memory slots (size-match: the minimum, rounded up)", lo=0, hi=4096)
     tie_embeddings: bool = _f(True, "LM head shares the byte embedding matrix")
+    engram: bool = _f(True, "Engram hashed byte n-gram memory (--no-engram turns it off)")
+    engram_orders: str = _f("2,3,4", "n-gram orders of the engram arms, comma-separated (each in 1..16)")
+    engram_heads: int = _f(2, "independent hash functions per order (arms = orders × heads)", lo=1, hi=16)
+    engram_rows: int = _f(16384, "table rows per arm", lo=1, hi=2**31)
+    engram_dim: int = _f(32, "width of one arm's table row", lo=1, hi=1024)
+    engram_layer: int = _f(0, "block layer whose input (first loop iteration) receives the memory", lo=0)
 
 
 @dataclass
@@ -86,11 +92,27 @@ PRESETS: dict[str, dict[str, dict]] = {
         "train": {"seq_len": 256, "batch_size": 8},
     },
     "small": {
-        "model": {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 4, "depth": 2, "ffn_hidden": 1536},
+        "model": {
+            "d_model": 512,
+            "n_heads": 8,
+            "head_dim": 64,
+            "block_layers": 4,
+            "depth": 2,
+            "ffn_hidden": 1536,
+            "engram_rows": 65536,
+            "engram_dim": 64,
+        },
         "train": {"seq_len": 512, "batch_size": 10},
     },
     "base": {
-        "model": {"d_model": 768, "n_heads": 12, "block_layers": 6, "depth": 2},
+        "model": {
+            "d_model": 768,
+            "n_heads": 12,
+            "block_layers": 6,
+            "depth": 2,
+            "engram_rows": 262144,
+            "engram_dim": 64,
+        },
         "train": {"seq_len": 1024, "batch_size": 16},
     },
 }
@@ -181,6 +203,13 @@ def validate(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
     if m.head_dim == 0 and m.d_model % m.n_heads:
         raise ConfigError(f"n_heads {m.n_heads} does not divide d_model {m.d_model} (or set head_dim)")
+    if m.engram_layer >= m.block_layers:
+        raise ConfigError(
+            f"engram_layer {m.engram_layer} is not a layer of the block; allowed [0, {m.block_layers - 1}]"
+        )
+    orders = m.engram_orders.split(",")
+    if not all(o.strip().isdigit() and 1 <= int(o) <= 16 for o in orders) or len(set(orders)) != len(orders):
+        raise ConfigError(f"engram_orders {m.engram_orders!r}: distinct integers in 1..16, comma-separated")
     if m.experts_top_k > m.n_experts:
         raise ConfigError(f"experts_top_k {m.experts_top_k} exceeds n_experts {m.n_experts}")
     if (m.persistent_memory == "disabled") != (m.memory_slots == 0):

@@ -27,6 +27,7 @@ class NonFiniteError(DormouseError):
 class HeldOut:
     ce: float  # nats per byte
     bytes: int
+    engram: str = "off"  # rows/arms the engram memory looked up over the eval ("off": the arm is off)
 
     @property
     def bpb(self) -> float:
@@ -38,11 +39,14 @@ def heldout_score(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_
     """Mean cross-entropy over the held-out walk; refuses a non-finite result."""
     was_training = model.training
     model.eval()
-    total, scored = 0.0, 0
+    total, scored, engram = 0.0, 0, None
     for x, y in heldout_windows(corpus, seq_len, batch_size, eval_bytes or None):
         x, y = x.to(device), y.to(device)
         with autocast():
-            logits = model(x).logits
+            out = model(x)
+        logits = out.logits
+        if out.engram is not None:  # the same forward as training: the memory's keys come from x
+            engram = out.engram if engram is None else engram + out.engram
         total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
         scored += y.numel()
     model.train(was_training)
@@ -52,10 +56,10 @@ def heldout_score(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_
     ce = total / scored
     if not math.isfinite(ce):
         raise NonFiniteError(f"held-out cross-entropy is {ce} over {scored} bytes: not a score")
-    return HeldOut(ce=ce, bytes=scored)
+    return HeldOut(ce=ce, bytes=scored, engram="off" if engram is None else str(engram))
 
 
-def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, engram, stress) -> dict:
+def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, stress) -> dict:
     """One eval as a dict (metrics.jsonl); `eval_line` prints it. Kernel and fallback counters are read here."""
     return {
         "kind": "eval",
@@ -68,7 +72,7 @@ def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, dept
         "ms_per_step": ms_per_step,
         "kda": str(counters.KDA),
         "norm": str(counters.NORM),
-        "engram": engram,
+        "engram": held.engram,
         "depth": depth,
         "fallbacks": ledger.counted_summary(),
         "stress": stress,

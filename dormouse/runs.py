@@ -56,5 +56,5 @@ def load_model(run: str | Path, which: str = "best", device: str = "cpu"):
     cfg = resolve(cfg, cuda_available=torch.cuda.is_available())
     ck = checkpoint.load(run, which)
     model = DormouseLM(cfg.model, seed=cfg.train.seed)
-    model.load_state_dict(ck.model_state)
+    model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])
     return model.to(device).eval(), cfg, ck

@@ -45,6 +45,7 @@ def test_booleans_and_short_arms():
     assert parse("--no-short-conv").model.short_conv is False
     assert parse("--short-conv").model.short_conv is True
     assert parse("--no-kda").model.mixer == "attention"
+    assert parse("--no-engram").model.engram is False and parse().model.engram is True
     with pytest.raises(ConfigError, match="--no-kda contradicts --mixer kda"):
         parse("--no-kda", "--mixer", "kda")
 
@@ -62,6 +63,9 @@ def test_booleans_and_short_arms():
         (["--dtype", "bf16", "--device", "cpu"], "bf16"),
         (["--kda-backend", "fla", "--device", "cpu"], "KDA backend 'fla' needs CUDA tensors"),
         (["--eval-bytes", "10"], "eval_bytes 10 is shorter than one sequence"),
+        (["--engram-layer", "2"], r"engram_layer 2 is not a layer of the block; allowed \[0, 1\]"),
+        (["--engram-orders", "2,x"], "engram_orders '2,x': distinct integers in 1..16"),
+        (["--engram-orders", "3,3"], "engram_orders '3,3'"),
     ],
 )
 def test_validate_refuses_with_field_and_range(argv, message, monkeypatch):

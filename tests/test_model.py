@@ -26,6 +26,8 @@ def tiny(mixer="kda", experts=(1, 1), attn_res=False, memory=("disabled", 0), **
         "persistent_memory": memory[0],
         "memory_slots": memory[1],
         "kda_chunk_size": 16,
+        "engram_rows": 512,
+        "engram_dim": 8,
     }
     model.update(extra)
     cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
@@ -53,8 +55,9 @@ def test_every_parameter_gets_a_finite_nonzero_gradient(arm):
     x = ids(2, 24)
     out = model(x, ids(2, 24, step=1))
     out.loss.backward()
-    dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    grads = {n: None if p.grad is None else p.grad.to_dense() for n, p in model.named_parameters()}
+    dead = [n for n, g in grads.items() if g is None or not g.abs().sum() > 0]
+    bad = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
     assert not dead, f"no gradient reaches: {dead}"
     assert not bad, f"non-finite gradient in: {bad}"
     if experts[0] > 1:
@@ -142,3 +145,19 @@ def test_memory_slots_are_not_scored():
 def test_moe_with_one_expert_is_exactly_dense():
     dense = DormouseLM(tiny(experts=(1, 1)))
     assert not any("router" in n for n, _ in dense.named_parameters())
+
+
+def test_the_engram_memory_is_consulted_on_every_path():
+    model = DormouseLM(tiny()).eval()
+    x = ids(2, 24)
+    assert model(x).engram.rows > 0 and model(x).engram.arms == 2 * 24 * 6
+    cache = model.new_cache(2)
+    for t in range(5):
+        before, _ = model.step(x[:, t], cache)
+        with torch.no_grad():
+            model.engram.table.weight.add_(1.0)
+        after, cache = model.step(x[:, t], cache)
+        with torch.no_grad():
+            model.engram.table.weight.sub_(1.0)
+        assert not torch.allclose(before, after)  # decode reads the table too
+    assert DormouseLM(tiny(engram=False))(x).engram is None

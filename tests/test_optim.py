@@ -366,11 +366,16 @@ def test_config_wins_over_saved_hyperparameters():
     assert new.optimizers["adamw"].state[model.emb.weight]["step"].item() == 1.0
 
 
-def test_sparse_group_has_no_optimizer_yet():
-    model = Toy()
-    model.emb._dormouse_route = "sparse"
-    with pytest.raises(NotImplementedError, match="group sparse .*emb.weight.*SparseRows"):
-        build_optimizers(route(model), cfg())
+def test_sparse_group_goes_to_sparse_row_adam_under_both_policies():
+    from dormouse.train.sparse import SparseRowAdam
+
+    for opt in ("default", "adamw"):
+        model = Toy()
+        model.emb._dormouse_route = "sparse"
+        opts = build_optimizers(route(model, opt), cfg())
+        assert isinstance(opts.optimizers["sparse"], SparseRowAdam)
+        assert [p for pg in opts.optimizers["sparse"].param_groups for p in pg["params"]] == [model.emb.weight]
+        assert opts.optimizers["sparse"].param_groups[0]["weight_decay"] == 0.0
 
 
 # ---- schedule ----

@@ -66,7 +66,7 @@ def test_default_policy_pinned():
         ("matrices", "NesterovSinkhorn", True),
         ("adamw_decay", "AdamW", True),
         ("adamw_no_decay", "AdamW", False),
-        ("sparse", "SparseRows", True),
+        ("sparse", "SparseRowAdam", False),
     ]
     # Every trainable tensor exactly once (the tied one under its first name), the frozen one nowhere.
     ids = [id(p) for g in groups for _, p in g.params]
@@ -75,11 +75,11 @@ def test_default_policy_pinned():
     assert id(model.frozen) not in ids
 
 
-def test_opt_adamw_puts_everything_on_adamw():
+def test_opt_adamw_puts_everything_but_sparse_tables_on_adamw():
     groups = route(Toy(), opt="adamw")
-    want = {n: ("adamw_decay" if g in ("matrices", "sparse") else g) for n, g in DEFAULT.items()}
+    want = {n: ("adamw_decay" if g == "matrices" else g) for n, g in DEFAULT.items()}
     assert table(groups) == want
-    assert {g.optimizer for g in groups} == {"AdamW"}
+    assert {g.optimizer for g in groups} == {"AdamW", "SparseRowAdam"}  # row-wise Adam: sparse grads
 
 
 def test_describe():
@@ -88,7 +88,7 @@ def test_describe():
             "group matrices: 1 tensors, 512 params, NesterovSinkhorn",
             "group adamw_decay: 2 tensors, 8192 params, AdamW",
             "group adamw_no_decay: 7 tensors, 229 params, AdamW",  # 4 + 1 + 16 + 32 + 16 + 128 + 32
-            "group sparse: 1 tensors, 512 params, SparseRows",
+            "group sparse: 1 tensors, 512 params, SparseRowAdam",
         ]
     )
 
@@ -170,3 +170,49 @@ def test_real_layers_route_by_rules_and_their_declarations():
     assert got["ffn.experts.1.w_down.weight"] == "matrices"
     assert got["res.w"] == "adamw_no_decay" and got["res.norm.weight"] == "adamw_no_decay"
     assert {g.name for g in groups} == {"matrices", "adamw_no_decay"}
+
+
+# Every parameter of the `small` preset and its group: layer 0 stands for layers 0-3 (same names).
+SMALL_LAYER = {
+    "mixer_norm.weight": "adamw_no_decay",
+    "mixer.q_proj.weight": "matrices",
+    "mixer.k_proj.weight": "matrices",
+    "mixer.v_proj.weight": "matrices",
+    "mixer.q_conv.weight": "adamw_no_decay",
+    "mixer.k_conv.weight": "adamw_no_decay",
+    "mixer.v_conv.weight": "adamw_no_decay",
+    "mixer.f_a.weight": "matrices",
+    "mixer.f_b.weight": "matrices",
+    "mixer.A_log": "adamw_no_decay",
+    "mixer.dt_bias": "adamw_no_decay",
+    "mixer.b_proj.weight": "matrices",
+    "mixer.g_a.weight": "matrices",
+    "mixer.g_b.weight": "matrices",
+    "mixer.g_b.bias": "adamw_no_decay",
+    "mixer.o_norm.norm.weight": "adamw_no_decay",
+    "mixer.o_proj.weight": "matrices",
+    "ffn_norm.weight": "adamw_no_decay",
+    "ffn.w_gate.weight": "matrices",
+    "ffn.w_up.weight": "matrices",
+    "ffn.w_down.weight": "matrices",
+}
+SMALL = {
+    "embed.weight": "adamw_decay",
+    "final_norm.weight": "adamw_no_decay",
+    "engram.table.weight": "sparse",
+    "engram.w_k.weight": "matrices",
+    "engram.w_v.weight": "matrices",
+    "engram.key_norm.weight": "adamw_no_decay",
+    "engram.hidden_norm.weight": "adamw_no_decay",
+} | {f"layers.{i}.{name}": group for i in range(4) for name, group in SMALL_LAYER.items()}
+
+
+def test_small_preset_routing_is_pinned():
+    from dormouse import config
+    from dormouse.model.model import DormouseLM
+
+    model = DormouseLM(config.resolve(config.build("small"), cuda_available=False).model)
+    assert table(route(model)) == SMALL
+    adamw = table(route(model, "adamw"))
+    assert set(adamw.values()) == {"adamw_decay", "adamw_no_decay", "sparse"}
+    assert all(adamw[n] == "adamw_decay" for n, g in SMALL.items() if g == "matrices")

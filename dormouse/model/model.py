@@ -18,14 +18,17 @@ from torch import nn
 
 from dormouse import rng
 from dormouse.config import ModelConfig
+from dormouse.errors import CheckpointError
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
+from dormouse.model.engram import Engram, EngramStats, EngramWindow
 from dormouse.model.ffn import make_ffn, normal_init_
 from dormouse.model.kda import KDALayer
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm
 
 VOCAB = 256
+ENGRAM_TABLE = "engram.table."
 
 
 @dataclass
@@ -34,15 +37,18 @@ class Output:
     loss: torch.Tensor | None = None  # the objective: ce + Σ weight · aux term
     ce: torch.Tensor | None = None  # mean cross-entropy of the next byte, nats
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary term by name (unweighted)
+    engram: EngramStats | None = None  # rows/arms the memory looked up (None: the arm is off)
     cache: "ModelCache | None" = None
 
 
 @dataclass
 class ModelCache:
-    """Decode state: one mixer cache per (iteration, layer), in unrolled order, and bytes seen."""
+    """Decode state: one mixer cache per (iteration, layer), in unrolled order, the engram n-gram
+    window (None when the arm is off) and the bytes seen."""
 
     mixers: list
     position: int
+    engram_window: EngramWindow | None = None
 
 
 class Layer(nn.Module):
@@ -97,6 +103,18 @@ class DormouseLM(nn.Module):
         if cfg.persistent_memory != "disabled":
             self.memory = PersistentMemory(cfg.memory_slots, d, cfg.persistent_memory, generator=gen)
         self.layers = nn.ModuleList(Layer(cfg, gen) for _ in range(cfg.block_layers))
+        self.engram = None
+        if cfg.engram:
+            self.engram = Engram(
+                orders=[int(n) for n in cfg.engram_orders.split(",")],
+                heads=cfg.engram_heads,
+                rows=cfg.engram_rows,
+                dim=cfg.engram_dim,
+                d_model=d,
+                seed=seed,
+                generator=gen,
+                eps=cfg.norm_eps,
+            )
         # One AttnRes per position in the block (shared across iterations) and one before the head.
         self.attn_res = None
         if cfg.attn_res:
@@ -112,14 +130,28 @@ class DormouseLM(nn.Module):
 
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
 
-    def _trunk(self, e, caches, *, step=False, want_cache=False):
-        """The looped block on embedded input e; `caches` holds one entry per unrolled layer, or None."""
-        new_caches, aux_terms = [], {}
+    def _trunk(self, e, caches, *, keys=None, slots=0, step=False, want_cache=False):
+        """The looped block on embedded input e; `caches` holds one entry per unrolled layer, or None.
+
+        `keys` are the engram keys of the byte positions (the last positions of e, after `slots`
+        memory slots); the memory's output joins the input of block layer `engram_layer` in the first
+        iteration. Returns (h, caches, aux terms, engram stats).
+        """
+        new_caches, aux_terms, stats = [], {}, None
         x, sources = e, [e]  # residual stream, or AttnRes sources
         for r in range(self.cfg.depth):
             if r and self.attn_res is None:
                 x = x + e  # re-inject the embedding each iteration (AttnRes always sees it as a source)
             for j, layer in enumerate(self.layers):
+                if keys is not None and r == 0 and j == self.cfg.engram_layer:
+                    h = x if self.attn_res is None else self.attn_res[j](sources)
+                    delta, stats = self.engram(h[..., slots:, :] if slots else h, keys)
+                    if slots:  # memory slots have no bytes, so no n-grams: nothing is added there
+                        delta = torch.cat([delta.new_zeros(*delta.shape[:-2], slots, delta.shape[-1]), delta], -2)
+                    if self.attn_res is None:
+                        x = x + delta
+                    else:
+                        sources.append(delta)
                 cache = None if caches is None else caches[r * len(self.layers) + j]
                 inp = x if self.attn_res is None else self.attn_res[j](sources)
                 delta, aux, cache = layer(inp, cache, step=step, want_cache=want_cache)
@@ -132,7 +164,7 @@ class DormouseLM(nn.Module):
                     aux_terms[name] = aux_terms.get(name, 0.0) + value
         h = x if self.attn_res is None else self.attn_res[-1](sources)
         n = self.cfg.depth * len(self.layers)
-        return h, new_caches, {name: value / n for name, value in aux_terms.items()}
+        return h, new_caches, {name: value / n for name, value in aux_terms.items()}, stats
 
     def _head(self, h):
         h = self.final_norm(h)
@@ -159,12 +191,21 @@ class DormouseLM(nn.Module):
         if cache is None and self.memory is not None:
             e = self.memory.prepend(e, use_memory)
             slots = e.shape[1] - input_ids.shape[1]
-        h, caches, aux = self._trunk(e, None if cache is None else cache.mixers, want_cache=return_cache)
+        keys, window = None, None
+        if self.engram is not None:
+            # One key function on every path; a sequence continued from a cache hashes across the seam.
+            if cache is None:
+                keys = self.engram.keys(input_ids)
+                window = EngramWindow.from_prefix(input_ids, self.engram.orders) if return_cache else None
+            else:
+                keys, window = self.engram.continue_keys(cache.engram_window, input_ids)
+        mixers = None if cache is None else cache.mixers
+        h, caches, aux, stats = self._trunk(e, mixers, keys=keys, slots=slots, want_cache=return_cache)
         logits = self._head(h[:, slots:])
-        out = Output(logits=logits, aux=aux)
+        out = Output(logits=logits, aux=aux, engram=stats)
         if return_cache:
             seen = 0 if cache is None else cache.position
-            out.cache = ModelCache(caches, seen + input_ids.shape[1])
+            out.cache = ModelCache(caches, seen + input_ids.shape[1], window)
         if targets is not None:
             _check_bytes(targets, "targets")
             out.ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
@@ -179,18 +220,46 @@ class DormouseLM(nn.Module):
     def new_cache(self, batch_size: int, device: torch.device | str = "cpu") -> ModelCache:
         """An empty decode state; the persistent memory slots (if any) have already been run through."""
         caches = [None] * (self.cfg.depth * len(self.layers))
-        if self.memory is None:
-            return ModelCache(caches, 0)
-        e = self.memory.slots.to(device).expand(batch_size, -1, -1)
-        _, caches, _ = self._trunk(e, None, want_cache=True)
-        return ModelCache(caches, 0)
+        window = None if self.engram is None else self.engram.empty_window(batch_size, device)
+        if self.memory is not None:
+            e = self.memory.slots.to(device).expand(batch_size, -1, -1)
+            # No bytes yet, but the slots must take the same path as in a full forward (with AttnRes the
+            # engram output is a source, zero at the slots).
+            keys = None if window is None else window.history.new_empty(batch_size, 0, self.engram.arms)
+            _, caches, _, _ = self._trunk(e, None, keys=keys, slots=e.shape[1], want_cache=True)
+        return ModelCache(caches, 0, window)
 
     @torch.no_grad()
     def step(self, byte: torch.Tensor, cache: ModelCache) -> tuple[torch.Tensor, ModelCache]:
         """One position: byte [B] int64 -> (logits [B, 256], cache)."""
         _check_bytes(byte, "byte")
-        h, caches, _ = self._trunk(self.embed(byte), cache.mixers, step=True)
-        return self._head(h), ModelCache(caches, cache.position + 1)
+        keys, window = None, None
+        if self.engram is not None:
+            keys, window = self.engram.step_keys(cache.engram_window, byte)
+        h, caches, _, _ = self._trunk(self.embed(byte), cache.mixers, keys=keys, step=True)
+        return self._head(h), ModelCache(caches, cache.position + 1, window)
+
+    # ---- checkpoint parts: the engram table travels in its own file, stamped with its key function ----
+
+    def checkpoint_parts(self) -> tuple[dict, dict, dict]:
+        """(model tensors, {"engram": table tensors} or {}, JSON stamp) for checkpoint.save."""
+        state = self.state_dict()
+        tables = {k: v for k, v in state.items() if k.startswith(ENGRAM_TABLE)}
+        dense = {k: v for k, v in state.items() if k not in tables}
+        stamp = {"engram_keys": None if self.engram is None else self.engram.fingerprint()}
+        return dense, ({"engram": tables} if tables else {}), stamp
+
+    def load_checkpoint_parts(self, model_state: dict, tensors: dict, stamp: dict) -> None:
+        """Refuses a checkpoint whose engram table is missing or was addressed by other keys."""
+        if self.engram is not None:
+            if "engram" not in tensors:
+                raise CheckpointError("the model has an engram memory but the checkpoint has no engram file")
+            if stamp.get("engram_keys") != self.engram.fingerprint():
+                raise CheckpointError(
+                    f"the checkpoint's engram table was addressed by keys {stamp.get('engram_keys')}, this "
+                    f"model hashes with {self.engram.fingerprint()}: orders, heads, rows or seed differ"
+                )
+        self.load_state_dict({**model_state, **tensors.get("engram", {})})
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

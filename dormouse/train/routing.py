@@ -7,7 +7,7 @@
     adamw_no_decay  every parameter of ndim ≤ 1 (norm gains, biases, A_log, dt_bias,  AdamW, no decay
                     AttnRes pseudo-queries, gate vectors, scalars) and depthwise conv
                     filters [C, 1, k]
-    sparse          Engram tables (declared; updated row-wise)                        sparse rows
+    sparse          Engram tables (declared; updated row-wise, no decay)              SparseRowAdam
 
 The rules look at shapes and at the type of the module that owns a parameter, never at its name. A
 special case is declared next to the parameter, by its owner, and wins over the rules:
@@ -23,8 +23,9 @@ nn.Linear and would otherwise be a hidden matrix); a head tied to the embedding 
 
 A parameter the rules cannot place (a loose 2-D or 4-D tensor, a stacked expert tensor) is refused with
 its name, shape and owner: declare it. A tensor reachable under two names (tied weights) is routed
-once, under the first name `named_parameters()` gives. `opt="adamw"` moves every group onto AdamW,
-keeping the decay / no-decay split (matrices and sparse tables get weight decay).
+once, under the first name `named_parameters()` gives. `opt="adamw"` moves the matrices onto AdamW
+(with weight decay); sparse tables stay on SparseRowAdam, the row-wise (lazy) Adam, under both: torch's
+AdamW refuses sparse gradients, and a dense one would cost the whole table every step.
 """
 
 from collections import defaultdict
@@ -34,10 +35,16 @@ import torch
 from torch import nn
 
 from dormouse.train.optim import NesterovSinkhorn
+from dormouse.train.sparse import SparseRowAdam
 
 ROUTES = ("matrices", "adamw_decay", "adamw_no_decay", "sparse")
-OPTIMIZER = {"matrices": "NesterovSinkhorn", "adamw_decay": "AdamW", "adamw_no_decay": "AdamW", "sparse": "SparseRows"}
-WEIGHT_DECAY = {"matrices": True, "adamw_decay": True, "adamw_no_decay": False, "sparse": True}
+OPTIMIZER = {
+    "matrices": "NesterovSinkhorn",
+    "adamw_decay": "AdamW",
+    "adamw_no_decay": "AdamW",
+    "sparse": "SparseRowAdam",
+}
+WEIGHT_DECAY = {"matrices": True, "adamw_decay": True, "adamw_no_decay": False, "sparse": False}
 OPTS = ("default", "adamw")
 ATTR = "_dormouse_route"
 
@@ -71,7 +78,7 @@ def route(model: nn.Module, opt: str = "default") -> list[Group]:
         if not p.requires_grad:
             continue
         where = _route_one(name, p, owners[id(p)])
-        if opt == "adamw" and where in ("matrices", "sparse"):
+        if opt == "adamw" and where == "matrices":
             where = "adamw_decay"
         groups[where].params.append((name, p))
     return [g for g in groups.values() if g.params]
@@ -224,6 +231,9 @@ def build_optimizers(
                 weight_decay=wd,
                 iters=sinkhorn_iters,
             )
+        elif g.optimizer == "SparseRowAdam":
+            base_lr[g.name] = cfg.lr
+            optimizers["sparse"] = SparseRowAdam([{"params": params, "name": g.name}], lr=cfg.lr, betas=(0.9, 0.95))
         else:
             raise NotImplementedError(
                 f"group {g.name} ({len(g.params)} tensors, e.g. {g.params[0][0]}) needs the {g.optimizer} "
