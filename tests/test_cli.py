@@ -16,6 +16,8 @@ REQUIRED = {
     "train": [],
     "eval": ["RUN"],
     "generate": ["RUN", "--prompt", "x"],
+    "bench": [],
+    "replay": ["RUN"],
 }
 
 

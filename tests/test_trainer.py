@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -23,12 +24,11 @@ def corpus(tmp_path_factory):
     return load_corpus(root / "prepared")
 
 
-def tiny_config(**train):
+def tiny_config(engram=None, **train):
     values = {"seq_len": 32, "batch_size": 4, "steps": 12, "warmup_steps": 2, "eval_every": 4, "ckpt_every": 4}
     values.update(train)
-    cfg = config.build(
-        "nano", {"model": {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16}, "train": values}
-    )
+    model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 1024, "engram_dim": 8}
+    cfg = config.build("nano", {"model": {**model, **(engram or {})}, "train": values})
     return config.resolve(cfg, cuda_available=False)
 
 
@@ -135,6 +135,8 @@ def test_refuses_to_overwrite_a_run(corpus, tmp_path):
 def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys):
     run = str(tmp_path / "run")
     common = [
+        "--engram-rows",
+        "1024",
         "--data",
         str(corpus.root),
         "--preset",
@@ -162,7 +164,9 @@ def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys)
     record = evals(tmp_path / "run")[-1]
     assert record["step"] == 6
     assert f"step=6 bpb={record['bpb']:.4f} ce={record['ce']:.4f}" in line
-    assert "engram=off" in line and "kda=0/" in line and "fallbacks=0" in line
+    rows, arms = map(int, re.search(r" engram=(\d+)/(\d+) ", line).groups())
+    assert 0 < rows <= arms and f"engram={record['engram']} " in line  # the eval consulted the memory
+    assert "kda=0/" in line and "fallbacks=0" in line
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
 
 
@@ -180,3 +184,17 @@ def test_inspect_a_run_prints_its_checkpoints_and_plots(corpus, tmp_path, capsys
     assert "last: step 4" in out and "best: step 4" in out and "eval step=4 " in out
     assert (tmp_path / "r" / "curves.png").stat().st_size > 0
     assert main(["inspect", str(corpus.root), "--plot"]) == 2
+
+
+def test_engram_on_every_eval_line_and_off_when_turned_off(corpus, tmp_path):
+    on = fresh(tiny_config(steps=2, eval_every=1), corpus, tmp_path / "on")
+    on.run_loop()
+    for record in evals(tmp_path / "on"):
+        rows, arms = map(int, record["engram"].split("/"))
+        # every held-out byte looks up every arm: 6 arms (orders 2,3,4 × 2 heads) per scored byte
+        assert arms == 6 * record["heldout_bytes"] and 0 < rows <= arms
+    assert checkpoint.load(tmp_path / "on", "last").tensors["engram"]  # the table travels in its own file
+    off = fresh(tiny_config(engram={"engram": False}, steps=2), corpus, tmp_path / "off")
+    off.run_loop()
+    assert all(r["engram"] == "off" for r in evals(tmp_path / "off"))
+    assert "engram" not in checkpoint.load(tmp_path / "off", "last").tensors

@@ -27,6 +27,7 @@ from dormouse.evaluation import NonFiniteError, append_jsonl, eval_line, eval_re
 from dormouse.model.model import DormouseLM
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
+from dormouse.train.sparse import clip_grad_norm_
 from dormouse.train.stress import StressMonitor
 
 
@@ -41,6 +42,7 @@ class Trainer:
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
+        self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
         self.saved_step = None
         self.run_id = secrets.token_hex(6)
         if resume:
@@ -67,7 +69,7 @@ class Trainer:
                 f"run {self.run} was trained on corpus {run_meta['fingerprint'][:12]}, this corpus is "
                 f"{self.corpus.fingerprint[:12]}: resume on the same data"
             )
-        self.model.load_state_dict(ck.model_state)
+        self.model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])
         self.opt.load_state_dict(ck.optimizer_state)
         self.stress.load_state_dict(ck.state["stress"])
         self.step, self.run_id = ck.step, ck.state["run_id"]
@@ -113,8 +115,9 @@ class Trainer:
             if not torch.isfinite(value).all():
                 raise NonFiniteError(f"step {step}: training {name} is {value.item()}; stopping before the update")
         out.loss.backward()
-        if t.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+        # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
+        # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.
+        self.grad_norm = clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return out.ce.item()
@@ -175,7 +178,6 @@ class Trainer:
             tokens=self.step * t.batch_size * t.seq_len,
             ms_per_step=sorted(window_ms)[len(window_ms) // 2] if window_ms else None,
             depth=self.cfg.model.depth,
-            engram="off",
             stress=self.stress.summary(),
         )
         counters.KDA.reset(), counters.NORM.reset()
@@ -196,12 +198,14 @@ class Trainer:
             "best_step": self.best_step,
             "sampler": {"seed": self.cfg.train.seed, "next_step": self.step},
             "stress": self.stress.state_dict(),
-            "extra": {"config": self.cfg.to_dict()},
         }
+        model_state, tensors, stamp = self.model.checkpoint_parts()
+        state["extra"] = {"config": self.cfg.to_dict(), **stamp}
         checkpoint.save(
             self.run,
             self.step,
-            model_state=self.model.state_dict(),
+            model_state=model_state,
+            tensors=tensors,
             optimizer_state=self.opt.state_dict(),
             state=state,
             is_best=is_best,

@@ -1,0 +1,491 @@
+"""`dormouse bench`: time the trainer's own step; one row in benches/history.tsv, the full log in benches/logs/.
+
+A step is `Trainer.train_step`: batch (seed, step) from the sampler, forward, backward, grad clip and
+the routed optimizers' step, exactly what `dormouse train` runs (there is no second training step).
+The model trains on the default corpus (or `--data`) in a temporary run directory. `--warmup W`
+steps run first (the first of them is `first_step_s`, the cold start with any compilation or
+autotuning); then `--steps N` steps are timed one by one, with torch.cuda.synchronize() around each
+on CUDA and perf_counter on both. `ms_per_step` is their median, `ms_min`/`ms_max` and `ms_iqr` their
+spread, `tokens_per_s` = batch_size·seq_len / (ms_per_step / 1000) (scored bytes; persistent memory
+slots are not counted as tokens).
+
+FLOPs per step (`flops_per_step`), counted from the model, not measured:
+
+    6 · B · S · N_block  +  6 · B · T · N_byte  +  3 · B · S · depth · block_layers · M
+
+B = batch_size, T = seq_len, S = T + memory_slots (positions through the looped block). N_block =
+depth · Σ weights of the nn.Linear modules of the looped block (a MoE expert's weights count
+top_k / n_experts of the time; the router always). N_byte = 256 · d_model (the LM head, tied or not)
+plus the weights of every nn.Linear outside the block (the Engram memory's W_K, W_V: it runs once,
+on the byte positions only); those are named in the log. 6 = 2 FLOPs per multiply-add × (forward +
+backward at twice the forward). M is the mixer's own forward FLOPs per position per layer
+application, ×3 for forward + backward:
+
+    kda:        H · (6·K·V + 4·C·K + 2·C·V + C·(K + V))      K = V = head_dim, C = kda_chunk_size
+    attention:  H · head_dim · 2 · (S + 1)                  causal: a query sees (S + 1) / 2 keys on average
+
+The KDA count is the chunked (WY/UT) form's matmuls per position: the two intra-chunk score matrices
+(2CK each), the triangular solve (C(K+V)), the three state products (2KV each) and the intra-chunk
+output (2CV). fla runs the same algorithm; the recurrent backend is counted the same, so MFU compares
+backends on one scale. Not counted: lookups (embedding, Engram tables), norms, activations, gates,
+the short conv, AttnRes mixes, the loss and the optimizers.
+
+MFU = flops_per_step / (ms_per_step / 1000) / peak. The peak (`peak_tflops`, `peak_source`):
+
+- NVIDIA H200, bf16: 680 TFLOP/s, a dense bf16 matmul measured at 8192³ on this workplace's card
+  (as the bench issue states it: its log is not in benches/ yet; the datasheet's 989 dense is not
+  reached);
+- NVIDIA H200, fp32 with torch's default float32 matmul precision "highest": 67 TFLOP/s (H200
+  datasheet, FP32 without tensor cores); with precision "high"/"medium" (TF32): 494.5 TFLOP/s (the
+  datasheet's 989 TF32 is with sparsity, halved for dense);
+- any other device, CPU included: a large matmul in the bench's dtype (fp32 2048³ on the CPU, 8192³
+  on CUDA), measured at bench start in the same process, best of 5. The log also records this
+  measured figure on the H200, beside the constant.
+
+Peak memory: on CUDA torch.cuda.max_memory_allocated (reset before the model is built); on the CPU
+resource.getrusage(RUSAGE_SELF).ru_maxrss, the whole process's peak resident set (Python, torch and
+the model together). `mem_source` says which. The kernel counters (counters.KDA, counters.NORM) over
+the timed steps go in the `kernels` column and the log; under `--compile` they are Python side
+effects that dynamo replays, breaks on or recompiles for, so the log adds torch._dynamo's counters.
+On a shared CPU the 1-minute load average at start and end is recorded (`loadavg`): a loaded
+machine makes every CPU figure slower.
+"""
+
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dormouse import counters, ledger
+from dormouse.config import Config
+from dormouse.errors import ConfigError
+
+DEFAULT_STEPS = 20
+REQUIRED_COLUMNS = (
+    "date commit device model preset batch seq_len dtype compiled arms ms_per_step tokens_per_s "
+    "peak_mem_gib mfu first_step_s torch fla log note"
+).split()
+COLUMNS = (
+    *REQUIRED_COLUMNS,
+    "warmup",
+    "steps",
+    "ms_min",
+    "ms_max",
+    "ms_iqr",
+    "flops_per_step",
+    "achieved_tflops",
+    "peak_tflops",
+    "peak_source",
+    "mem_source",
+    "kernels",
+    "params",
+    "loadavg",
+)
+
+# (substring of torch.cuda.get_device_name(), precision) -> (TFLOP/s, where the number comes from)
+PEAKS = {
+    ("H200", "bf16"): (680.0, "H200 bf16 dense matmul measured at 8192^3 on this workplace's card (issue text)"),
+    ("H200", "fp32"): (67.0, "H200 datasheet FP32 (no tensor cores; float32 matmul precision highest)"),
+    ("H200", "tf32"): (494.5, "H200 datasheet TF32 tensor core 989 with sparsity, halved for dense"),
+}
+CPU_PEAK_N, CUDA_PEAK_N, PEAK_REPS = 2048, 8192, 5
+
+
+@dataclass
+class FlopCount:
+    per_step: float  # dense + mixer
+    dense: float  # the 6·(weights × positions) terms
+    mixer: float  # the 3·B·S·depth·block_layers·M term
+    block_weights: float  # N_block (depth included)
+    byte_weights: float  # N_byte (head and every nn.Linear outside the block)
+    mixer_fwd_per_position: float
+    outside: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [
+            f"flops_per_step = {self.per_step:.6g} = matmul weights {self.dense:.6g} + mixer {self.mixer:.6g}",
+            f"  matmul weights touched: N_block {self.block_weights:,.0f} per position (depth included), "
+            f"N_byte {self.byte_weights:,.0f} per byte position",
+            f"  mixer forward FLOPs per position per layer application: {self.mixer_fwd_per_position:,.0f}",
+        ]
+        if self.outside:
+            lines.append("  nn.Linear outside the looped block, once per byte position: " + ", ".join(self.outside))
+        return "\n".join(lines)
+
+
+def count_flops(model: nn.Module, cfg: Config) -> FlopCount:
+    """FLOPs of one training step (forward + backward) by the formula in the module docstring."""
+    m, t = cfg.model, cfg.train
+    block, outside, outside_names = 0.0, 0.0, []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Linear) or name == "lm_head":
+            continue
+        if name.startswith("layers."):
+            share = m.experts_top_k / m.n_experts if ".experts." in f".{name}." else 1.0
+            block += mod.weight.numel() * share
+        else:
+            outside += mod.weight.numel()
+            outside_names.append(name)
+    block_weights = m.depth * block
+    byte_weights = 256 * m.d_model + outside
+    S, T, B = t.seq_len + m.memory_slots, t.seq_len, t.batch_size
+    H, K = m.n_heads, m.head_dim
+    if m.mixer == "kda":
+        C, V = m.kda_chunk_size, m.head_dim
+        mixer = H * (6 * K * V + 4 * C * K + 2 * C * V + C * (K + V))
+    else:
+        mixer = H * K * 2 * (S + 1)
+    dense = 6 * B * S * block_weights + 6 * B * T * byte_weights
+    mixer_total = 3 * B * S * m.depth * m.block_layers * mixer
+    return FlopCount(dense + mixer_total, dense, mixer_total, block_weights, byte_weights, mixer, outside_names)
+
+
+def arms(cfg: Config) -> str:
+    """The active arms and the resolved KDA backend: `kda(chunked)`, `attention,experts=4/top2,attn_res`, ..."""
+    m = cfg.model
+    out = [f"kda({m.kda_backend})" if m.mixer == "kda" else "attention"]
+    if m.n_experts > 1:
+        out.append(f"experts={m.n_experts}/top{m.experts_top_k}")
+    if m.attn_res:
+        out.append("attn_res")
+    if m.persistent_memory != "disabled":
+        out.append(f"memory={m.persistent_memory}:{m.memory_slots}")
+    if getattr(m, "engram", False):  # orders joined by '-', then × hash heads: engram=2-3-4x2
+        orders = str(getattr(m, "engram_orders", "?")).replace(",", "-")
+        out.append(f"engram={orders}x{getattr(m, 'engram_heads', '?')}")
+    return ",".join(out)
+
+
+# ---- device facts ----------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, reps: int = PEAK_REPS) -> float:
+    """Best of `reps` timed n×n @ n×n matmuls (after two untimed), in TFLOP/s. No RNG: constant inputs."""
+    a = torch.full((n, n), 0.5, device=device, dtype=dtype)
+    b = torch.full((n, n), 0.25, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    best = math.inf
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e12
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine() or "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(errors="replace"), re.M)
+        model = found.group(1).strip() if found else model
+    return f"cpu ({model}, {torch.get_num_threads()} threads)"
+
+
+def device_slug(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower().replace("nvidia", "")
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cuda"
+
+
+def peak_tflops(device: torch.device, dtype: str, measured: float) -> tuple[float, str]:
+    """The peak MFU is taken against, and where it comes from (module docstring)."""
+    if device.type == "cuda":
+        precision = dtype
+        if dtype == "fp32" and torch.get_float32_matmul_precision() != "highest":
+            precision = "tf32"
+        name = torch.cuda.get_device_name(device)
+        for (key, prec), (value, source) in PEAKS.items():
+            if key in name and prec == precision:
+                return value, f"constant: {source}"
+        n = CUDA_PEAK_N
+    else:
+        n = CPU_PEAK_N
+    return measured, f"measured this run: {dtype} matmul {n}^3 best of {PEAK_REPS}"
+
+
+def peak_memory(device: torch.device) -> tuple[float, str]:
+    """(GiB, source)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30, "cuda max_memory_allocated"
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss * (1 if sys.platform == "darwin" else 1024) / 2**30, "cpu ru_maxrss (whole process)"
+
+
+def fla_version() -> str:
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "-"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def git_commit(root: Path) -> str:
+    """`git rev-parse --short HEAD`, plus -dirty when the tree has uncommitted changes (untracked files too)."""
+
+    def git(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *argv], capture_output=True, text=True, check=False)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+    except FileNotFoundError:
+        return "unknown(no git)"
+    if head.returncode != 0:
+        return "unknown(not a git checkout)"
+    dirty = git("status", "--porcelain").stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+# ---- the bench -------------------------------------------------------------------------------------------------
+
+
+def _given(args, dest: str):
+    return getattr(args, dest, None)
+
+
+def cli(args) -> int:
+    """`dormouse bench`: see the module docstring and docs/glossary.md."""
+    from dormouse.config import config_from_args
+
+    cfg = config_from_args(args)
+    steps = _given(args, "train.steps") or DEFAULT_STEPS
+    if cfg.train.minutes:
+        raise ConfigError("--minutes has no meaning for bench: it times --steps steps after --warmup")
+    if args.warmup < 1:
+        raise ConfigError(f"--warmup {args.warmup}: at least 1 (the first step is the cold start, never timed)")
+    root = repo_root()
+    if args.history is None or args.log_dir is None:
+        if not (root / "benches").is_dir():
+            raise ConfigError(f"{root} is not a dormouse checkout (no benches/): pass --history and --log-dir")
+    history = Path(args.history) if args.history else root / "benches" / "history.tsv"
+    log_dir = Path(args.log_dir) if args.log_dir else root / "benches" / "logs"
+    row, log_path = bench(
+        cfg, steps=steps, warmup=args.warmup, compiled=args.compile, data=args.data, note=args.note, log_dir=log_dir
+    )
+    append_row(history, row)
+    print(f"bench: appended a row to {history}; log {log_path}")
+    for key in ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "kernels"):
+        print(f"  {key} = {row[key]}")
+    return 0
+
+
+def bench(
+    cfg: Config,
+    *,
+    steps: int,
+    warmup: int,
+    compiled: bool,
+    data,
+    note: str,
+    log_dir: Path,
+) -> tuple[dict[str, str], Path]:
+    """Run the bench; write the log; return (the TSV row, the log path)."""
+    from dormouse.runs import open_corpus
+    from dormouse.train.trainer import Trainer
+
+    t = cfg.train
+    device = torch.device(t.device)
+    started = datetime.datetime.now(datetime.UTC)
+    load_start = os.getloadavg()[0]
+    commit = git_commit(repo_root())
+    log = [
+        f"dormouse bench {started.isoformat(timespec='seconds')}",
+        "command: " + shlex.join(["dormouse", *sys.argv[1:]]),
+        f"commit: {commit}",
+        f"device: {device_name(device)}; torch {torch.__version__}; fla {fla_version()}; python "
+        f"{platform.python_version()}; float32 matmul precision {torch.get_float32_matmul_precision()}",
+        f"loadavg at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+    ]
+    mm_dtype = torch.bfloat16 if t.dtype == "bf16" else torch.float32
+    n = CUDA_PEAK_N if device.type == "cuda" else CPU_PEAK_N
+    measured = measure_matmul_tflops(device, mm_dtype, n)
+    peak, peak_source = peak_tflops(device, t.dtype, measured)
+    log.append(f"matmul {t.dtype} {n}^3 measured this run, best of {PEAK_REPS}: {measured:.4g} TFLOP/s")
+    log.append(f"peak used for MFU: {peak:.4g} TFLOP/s ({peak_source})")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+    corpus, corpus_note = open_corpus(data)
+    with tempfile.TemporaryDirectory(prefix="dormouse-bench-") as tmp:
+        run = Path(tmp) / "run"
+        trainer = Trainer(cfg, corpus, run, corpus_note=corpus_note)
+        log.append("---- trainer header")
+        log.extend((run / "train.log").read_text().splitlines())
+        flops = count_flops(trainer.model, cfg)
+        params = trainer.model.num_params()
+        if compiled:
+            trainer.model = torch.compile(trainer.model)
+            log.append(
+                "torch.compile: on (the kernel counters are Python side effects: under dynamo they may be "
+                "replayed, break the graph or force recompiles; see the step times and the dynamo stats below)"
+            )
+        log.append(f"---- {warmup} warm-up step(s), then {steps} timed step(s)")
+        times, counts = [], {}
+        counters.KDA.reset(), counters.NORM.reset()
+        ledger.COUNTS.clear()
+        for s in range(warmup + steps):
+            if s == warmup:
+                counts["warmup"] = f"kda={counters.KDA} norm={counters.NORM}"
+                counters.KDA.reset(), counters.NORM.reset()
+            _sync(device)
+            t0 = time.perf_counter()
+            ce = trainer.train_step(s)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+            times.append(seconds)
+            phase = "warmup" if s < warmup else "timed"
+            log.append(f"step {s} {phase} ms={seconds * 1000:.3f} ce={ce:.6f}")
+        counts["timed"] = f"kda={counters.KDA} norm={counters.NORM}"
+        fallbacks = ledger.counted_summary()
+        dynamo = _dynamo_stats() if compiled else None
+        mem_gib, mem_source = peak_memory(device)
+        del trainer
+    load_end = os.getloadavg()[0]
+
+    timed = [x * 1000 for x in times[warmup:]]
+    ms = statistics.median(timed)
+    q = statistics.quantiles(timed, n=4, method="inclusive") if len(timed) > 1 else [ms, ms, ms]
+    tokens_per_s = t.batch_size * t.seq_len / (ms / 1000)
+    achieved = flops.per_step / (ms / 1000) / 1e12
+    mfu = achieved / peak
+    slug = device_slug(device)
+    stamp = started.strftime("%Y-%m-%d-%H%M%S")
+    log_path = _free_name(Path(log_dir), f"{stamp}-{cfg.preset}-{slug}", ".log")
+    row = {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "device": device_name(device),
+        "model": "dormouse",
+        "preset": cfg.preset,
+        "batch": str(t.batch_size),
+        "seq_len": str(t.seq_len),
+        "dtype": t.dtype,
+        "compiled": "yes" if compiled else "no",
+        "arms": arms(cfg),
+        "ms_per_step": f"{ms:.4f}",
+        "tokens_per_s": f"{tokens_per_s:.6g}",
+        "peak_mem_gib": f"{mem_gib:.4f}",
+        "mfu": f"{mfu:.4g}",
+        "first_step_s": f"{times[0]:.4f}",
+        "torch": torch.__version__,
+        "fla": fla_version(),
+        "log": _shown_path(log_path),
+        "note": note,
+        "warmup": str(warmup),
+        "steps": str(steps),
+        "ms_min": f"{min(timed):.4f}",
+        "ms_max": f"{max(timed):.4f}",
+        "ms_iqr": f"{q[2] - q[0]:.4f}",
+        "flops_per_step": f"{flops.per_step:.6g}",
+        "achieved_tflops": f"{achieved:.4g}",
+        "peak_tflops": f"{peak:.4g}",
+        "peak_source": peak_source,
+        "mem_source": mem_source,
+        "kernels": counts["timed"],
+        "params": str(params),
+        "loadavg": f"{load_start:.2f}/{load_end:.2f}",
+    }
+    row = {k: _cell(v) for k, v in row.items()}
+    log += [
+        "---- counts",
+        f"kernel counters, warm-up: {counts['warmup']}",
+        f"kernel counters, timed steps: {counts['timed']}",
+        f"fallbacks (COUNTED ledger sites, all steps): {fallbacks}",
+        *([f"torch._dynamo counters: {dynamo}"] if dynamo is not None else []),
+        f"peak memory: {mem_gib:.4f} GiB ({mem_source})",
+        f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
+        flops.describe(),
+        f"achieved {achieved:.4g} TFLOP/s at the median step; MFU {mfu:.4g} of {peak:.4g} TFLOP/s",
+        "---- config",
+        json.dumps(cfg.to_dict(), sort_keys=True),
+        "---- row",
+        *(f"{k}\t{v}" for k, v in row.items()),
+    ]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("\n".join(log) + "\n")
+    return row, log_path
+
+
+def _dynamo_stats() -> str:
+    """torch._dynamo's own counters (graphs, graph breaks, recompiles) as one line."""
+    import torch._dynamo.utils
+
+    counts = getattr(torch._dynamo.utils, "counters", {})
+    return json.dumps({k: dict(v) for k, v in counts.items() if k in ("stats", "graph_break", "recompiles")})
+
+
+def _cell(value: str) -> str:
+    """A TSV cell: tabs and newlines become spaces; an empty cell is '-'."""
+    text = re.sub(r"[\t\r\n]+", " ", str(value)).strip()
+    return text or "-"
+
+
+def _shown_path(path: Path) -> str:
+    """The log path relative to the repository when it is inside it (as committed), else absolute."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(repo_root()))
+    except ValueError:
+        return str(path)
+
+
+def _free_name(folder: Path, stem: str, suffix: str) -> Path:
+    path, i = folder / f"{stem}{suffix}", 2
+    while path.exists():
+        path, i = folder / f"{stem}-{i}{suffix}", i + 1
+    return path
+
+
+def append_row(history: Path, row: dict[str, str]) -> None:
+    """Append `row` under the file's header (written with COLUMNS when the file is new). A header with
+    other columns is refused, never silently realigned."""
+    history = Path(history)
+    if history.exists() and history.stat().st_size:
+        header = history.read_text().splitlines()[0].split("\t")
+        if set(header) != set(row):
+            missing, extra = sorted(set(row) - set(header)), sorted(set(header) - set(row))
+            raise ConfigError(
+                f"{history} has columns that differ from this bench's: missing {missing}, unknown {extra}; "
+                "migrate the file (add the columns with '-' in old rows) before appending"
+            )
+        lines = []
+    else:
+        history.parent.mkdir(parents=True, exist_ok=True)
+        header = list(COLUMNS)
+        lines = ["\t".join(header)]
+    lines.append("\t".join(row[c] for c in header))
+    with open(history, "a") as f:
+        f.write("\n".join(lines) + "\n")

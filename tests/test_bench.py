@@ -1,0 +1,146 @@
+"""`dormouse bench`: a row with every column, self-consistent numbers, its log; FLOPs counted right."""
+
+import csv
+import math
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from dormouse import config, rng
+from dormouse.cli import main
+from dormouse.config import ModelConfig
+from dormouse.data.prepare import prepare
+from dormouse.errors import ConfigError
+from dormouse.model.model import DormouseLM
+from dormouse.tools import bench
+
+# The Engram arm (where it exists) is off in the timed tests: its 16384-row tables would dominate a
+# 34k-parameter model's time, and it has its own tests. The FLOP count is checked with it on and off.
+HAS_ENGRAM = "engram" in {f.name for f in fields(ModelConfig)}
+ENGRAM_OFF = {"engram": False} if HAS_ENGRAM else {}
+TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
+TINY += ["--no-engram"] if HAS_ENGRAM else []
+TINY += ["--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
+NUMBERS = ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "ms_min", "ms_max", "peak_tflops")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread here and in the replay workers (OMP_NUM_THREADS): on a 2-core machine that another
+    process keeps busy, two OpenMP threads run these tiny steps ~60x slower (oversubscription)."""
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(threads)
+    if env is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    text = bytes(torch.randint(97, 123, (4000,), generator=rng.generator(0, 0, "test")).tolist())
+    (root / "text.txt").write_bytes(text)
+    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
+    return root / "prepared"
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def test_bench_appends_a_complete_row_and_writes_its_log(corpus_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "CPU_PEAK_N", 256)  # the peak matmul, small for the test
+    history, logs = tmp_path / "history.tsv", tmp_path / "logs"
+    argv = ["bench", "--data", str(corpus_dir), *TINY, "--steps", "3", "--warmup", "1"]
+    argv += ["--history", str(history), "--log-dir", str(logs), "--note", "a test\twith a tab"]
+    assert main(argv) == 0
+    second = ["bench", "--data", str(corpus_dir), *TINY, "--steps", "1", "--warmup", "1", "--attn-res"]
+    assert main([*second, "--history", str(history), "--log-dir", str(logs)]) == 0
+    header = history.read_text().splitlines()[0].split("\t")
+    assert set(bench.REQUIRED_COLUMNS) <= set(header) and len(header) == len(set(header))
+    rows = read_rows(history)
+    assert len(rows) == 2  # one header, one row per bench
+    row = rows[0]
+    assert all(row[c] not in ("", None) for c in header)
+    for c in NUMBERS:
+        value = float(row[c])
+        assert math.isfinite(value) and value > 0, (c, row[c])
+    assert float(row["tokens_per_s"]) == pytest.approx(4 * 32 / (float(row["ms_per_step"]) / 1000), rel=1e-3)
+    assert float(row["ms_min"]) <= float(row["ms_per_step"]) <= float(row["ms_max"])
+    assert (row["model"], row["preset"], row["batch"], row["seq_len"]) == ("dormouse", "nano", "4", "32")
+    assert (row["dtype"], row["compiled"], row["steps"], row["warmup"]) == ("fp32", "no", "3", "1")
+    assert row["arms"].split(",")[0] == "kda(chunked)" and "attn_res" not in row["arms"]
+    assert rows[1]["arms"].split(",")[:2] == ["kda(chunked)", "attn_res"] and rows[1]["note"] == "-"
+    assert row["device"].startswith("cpu") and row["mem_source"].startswith("cpu ru_maxrss")
+    assert row["peak_source"].startswith("measured this run") and row["fla"] == "-"
+    assert row["torch"] == torch.__version__ and row["note"] == "a test with a tab"
+    assert row["kernels"].startswith("kda=0/12 norm=0/")  # 3 timed steps x depth 2 x 2 layers, chunked on the CPU
+    assert row["commit"] and row["date"].endswith("Z")
+    log = Path(row["log"])
+    assert log.parent == logs.resolve() and log.name.endswith("-nano-cpu.log") and log.is_file()
+    text = log.read_text()
+    assert "step 0 warmup ms=" in text and "step 3 timed ms=" in text and f"ms_per_step\t{row['ms_per_step']}" in text
+    assert Path(rows[1]["log"]) != log and Path(rows[1]["log"]).is_file()
+    assert "appended a row" in capsys.readouterr().out
+
+
+def test_a_history_with_other_columns_is_refused(tmp_path):
+    history = tmp_path / "history.tsv"
+    history.write_text("date\tcommit\n")
+    row = dict.fromkeys(bench.COLUMNS, "x")
+    with pytest.raises(ConfigError, match="migrate the file"):
+        bench.append_row(history, row)
+    bench.append_row(tmp_path / "new.tsv", row)
+    bench.append_row(tmp_path / "new.tsv", row)
+    assert len(read_rows(tmp_path / "new.tsv")) == 2
+
+
+def test_bench_refuses_minutes_and_zero_warmup(capsys):
+    assert main(["bench", "--minutes", "1"]) == 2
+    assert main(["bench", "--warmup", "0"]) == 2
+    assert capsys.readouterr().err.count("error:") == 2
+
+
+ARMS = [{}, {"mixer": "attention"}, {"n_experts": 4, "experts_top_k": 2}, {"tie_embeddings": False}]
+ARMS = [{**ENGRAM_OFF, **arm} for arm in ARMS] + ([{"engram": True, "memory_slots": 8}] if HAS_ENGRAM else [])
+
+
+@pytest.mark.parametrize("arm", ARMS, ids=lambda arm: ",".join(f"{k}={v}" for k, v in arm.items()) or "default")
+def test_matmul_flops_equal_torchs_flop_counter(arm):
+    """The 6·weights·positions part of the formula is exactly torch's count of the matmuls of a forward +
+    backward (aten.mm/addmm); the mixer's own part is the documented formula."""
+    model_cfg = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, **arm}
+    if arm.get("memory_slots"):
+        model_cfg["persistent_memory"] = "enabled"
+    cfg = config.build("nano", {"model": model_cfg, "train": {"seq_len": 32, "batch_size": 4}})
+    cfg = config.resolve(cfg, cuda_available=False)
+    model = DormouseLM(cfg.model)
+    x = torch.randint(0, 256, (4, 32), generator=rng.generator(0, 0, "test"))
+    with FlopCounterMode(display=False) as counter:
+        model(x, x).loss.backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    flops = bench.count_flops(model, cfg)
+    assert flops.dense == counts["aten.mm"] + counts.get("aten.addmm", 0)
+    H, K, C, S = 2, 16, 16, 32 + cfg.model.memory_slots
+    mixer = H * (6 * K * K + 4 * C * K + 2 * C * K + C * 2 * K) if cfg.model.mixer == "kda" else H * K * 2 * (S + 1)
+    assert flops.mixer == 3 * 4 * S * 2 * 2 * mixer  # B·S·depth·block_layers, fwd + bwd
+    assert flops.per_step == flops.dense + flops.mixer
+
+
+def test_the_nano_mixer_count_by_hand():
+    cfg = config.resolve(config.build("nano", {"model": ENGRAM_OFF}), cuda_available=False)
+    flops = bench.count_flops(DormouseLM(cfg.model), cfg)
+    # H=4, K=V=32, C=64: 4·(6·32·32 + 4·64·32 + 2·64·32 + 64·64) = 4·22528
+    assert flops.mixer_fwd_per_position == 90112
+    # 2 layers of q,k,v,o (4·128²), f_a, f_b, g_a, g_b (4·128·32), b_proj (128·4), SwiGLU (3·128·384), depth 2
+    assert flops.block_weights == 2 * 2 * (4 * 128**2 + 4 * 128 * 32 + 128 * 4 + 3 * 128 * 384)
+    assert flops.byte_weights == 256 * 128
