@@ -15,12 +15,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The main job: train the nano preset on the embedded default corpus for a few minutes on the CPU,
+# then continue a prompt with its best checkpoint.
+DEMO_TIME := $(shell date +%Y%m%d-%H%M%S)
+DEMO_RUN ?= runs/demo-$(DEMO_TIME)
 demo: $(STAMP)
-	# Until the trainer lands, the demo prepares the embedded default corpus and inspects it.
-	$(BIN)/dormouse inspect
+	$(BIN)/dormouse train --preset nano --steps 240 --minutes 5 --warmup-steps 20 --eval-every 80 \
+		--eval-bytes 65536 --out $(DEMO_RUN)
+	$(BIN)/dormouse generate $(DEMO_RUN) --prompt "def main(" --max-bytes 200 --temperature 0.7
 
 lint: $(STAMP)
-	$(BIN)/ruff check dormouse tests
+	$(BIN)/ruff check dormouse tests benches
+	$(BIN)/ruff format --check dormouse tests benches
 
 test: lint
 	$(BIN)/python -m pytest
