@@ -2,8 +2,6 @@
 
 import csv
 import math
-import os
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -12,35 +10,21 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dormouse import config, rng
 from dormouse.cli import main
-from dormouse.config import ModelConfig
 from dormouse.data.prepare import prepare
 from dormouse.errors import ConfigError
 from dormouse.model.model import DormouseLM
 from dormouse.tools import bench
 
-# The Engram arm (where it exists) is off in the timed tests: its 16384-row tables would dominate a
+# The Engram arm is off in the timed tests: its 16384-row tables would dominate a
 # 34k-parameter model's time, and it has its own tests. The FLOP count is checked with it on and off.
-HAS_ENGRAM = "engram" in {f.name for f in fields(ModelConfig)}
-ENGRAM_OFF = {"engram": False} if HAS_ENGRAM else {}
+ENGRAM_OFF = {"engram": False}
 TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
-TINY += ["--no-engram"] if HAS_ENGRAM else []
+TINY += ["--no-engram"]
 TINY += ["--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
 NUMBERS = ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "ms_min", "ms_max", "peak_tflops")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread here and in the replay workers (OMP_NUM_THREADS): on a 2-core machine that another
-    process keeps busy, two OpenMP threads run these tiny steps ~60x slower (oversubscription)."""
-    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    torch.set_num_threads(threads)
-    if env is None:
-        del os.environ["OMP_NUM_THREADS"]
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +95,7 @@ def test_bench_refuses_minutes_and_zero_warmup(capsys):
 
 
 ARMS = [{}, {"mixer": "attention"}, {"n_experts": 4, "experts_top_k": 2}, {"tie_embeddings": False}]
-ARMS = [{**ENGRAM_OFF, **arm} for arm in ARMS] + ([{"engram": True, "memory_slots": 8}] if HAS_ENGRAM else [])
+ARMS = [{**ENGRAM_OFF, **arm} for arm in ARMS] + [{"engram": True, "memory_slots": 8}]
 
 
 @pytest.mark.parametrize("arm", ARMS, ids=lambda arm: ",".join(f"{k}={v}" for k, v in arm.items()) or "default")

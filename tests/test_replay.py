@@ -2,41 +2,25 @@
 op is caught as DIFFERS; refusals are one-line errors."""
 
 import hashlib
-import os
-from dataclasses import fields
 
 import pytest
 import torch
 
 from dormouse import config, rng
 from dormouse.cli import main
-from dormouse.config import ModelConfig
 from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 from dormouse.tools import replay
 from dormouse.tools.replay import INJECT_ENV, compare
 from dormouse.train.trainer import Trainer
 
-# The Engram arm (where it exists) is off: its 16384-row tables would dominate the tiny model's time.
-HAS_ENGRAM = "engram" in {f.name for f in fields(ModelConfig)}
+# The Engram arm is off: its 16384-row tables would dominate the tiny model's time.
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16}
-TINY_MODEL.update({"engram": False} if HAS_ENGRAM else {})
+TINY_MODEL.update({"engram": False})
 TINY_TRAIN = {"seq_len": 32, "batch_size": 4, "steps": 12, "warmup_steps": 2, "eval_every": 2, "ckpt_every": 2}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread here and in the replay workers (OMP_NUM_THREADS): on a 2-core machine that another
-    process keeps busy, two OpenMP threads run these tiny steps ~60x slower (oversubscription)."""
-    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    torch.set_num_threads(threads)
-    if env is None:
-        del os.environ["OMP_NUM_THREADS"]
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +78,7 @@ def test_replay_without_a_run_trains_the_config_first(corpus_dir, capsys, monkey
 
     monkeypatch.setattr(replay, "_run_workers", in_process)
     flags = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--seq-len", "32", "--batch-size", "4"]
-    flags += ["--no-kda", "--grad-clip", "0", "--device", "cpu"] + (["--no-engram"] if HAS_ENGRAM else [])
+    flags += ["--no-kda", "--grad-clip", "0", "--device", "cpu", "--no-engram"]
     assert main(["replay", "--data", str(corpus_dir), "--step", "2", *flags]) == 0
     assert "IDENTICAL step=2 " in capsys.readouterr().out
     assert seen["ckpt"] == ["last", "step-00000002"]
