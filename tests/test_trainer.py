@@ -1,5 +1,6 @@
 """Trainer gates: determinism, resume == uninterrupted, best kept, non-finite stops, lr 0, eval CLI."""
 
+import contextlib
 import json
 import math
 import re
@@ -11,7 +12,7 @@ from dormouse import checkpoint, config, rng
 from dormouse.cli import main
 from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
-from dormouse.evaluation import NonFiniteError
+from dormouse.evaluation import NonFiniteError, heldout_score
 from dormouse.train.trainer import Trainer
 
 
@@ -194,6 +195,24 @@ def test_engram_on_every_eval_line_and_off_when_turned_off(corpus, tmp_path):
         # every held-out byte looks up every arm: 6 arms (orders 2,3,4 × 2 heads) per scored byte
         assert arms == 6 * record["heldout_bytes"] and 0 < rows <= arms
     assert checkpoint.load(tmp_path / "on", "last").tensors["engram"]  # the table travels in its own file
+    # The eval really reads the tables: zeroing them moves the held-out score.
+    t = on.cfg.train
+
+    def score():
+        return heldout_score(
+            on.model,
+            corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=0,
+            device="cpu",
+            autocast=contextlib.nullcontext,
+        ).ce
+
+    before = score()
+    with torch.no_grad():
+        on.model.engram.table.weight.zero_()
+    assert score() != before
     off = fresh(tiny_config(engram={"engram": False}, steps=2), corpus, tmp_path / "off")
     off.run_loop()
     assert all(r["engram"] == "off" for r in evals(tmp_path / "off"))
