@@ -12,6 +12,7 @@ from dormouse import checkpoint, config, rng
 from dormouse.cli import main
 from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
+from dormouse.errors import DormouseError
 from dormouse.evaluation import NonFiniteError, heldout_score
 from dormouse.train.trainer import Trainer
 
@@ -213,6 +214,11 @@ def test_engram_on_every_eval_line_and_off_when_turned_off(corpus, tmp_path):
     with torch.no_grad():
         on.model.engram.table.weight.zero_()
     assert score() != before
+    # A checkpoint whose engram file is gone is refused, naming it: never fresh rows.
+    last = checkpoint.load(tmp_path / "on", "last").path
+    (last / "engram.safetensors").unlink()
+    with pytest.raises(DormouseError, match="engram.safetensors"):
+        fresh(tiny_config(steps=4), corpus, tmp_path / "on", resume=True)
     off = fresh(tiny_config(engram={"engram": False}, steps=2), corpus, tmp_path / "off")
     off.run_loop()
     assert all(r["engram"] == "off" for r in evals(tmp_path / "off"))
