@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dormouse.model.ffn import linear, normal_init_
+from dormouse.model.init import linear, normal_init_
 
 ROPE_BASE = 10000.0
 

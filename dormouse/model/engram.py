@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from dormouse import rng
-from dormouse.model.ffn import linear, normal_init_
+from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import RMSNorm
 
 PAD = 256  # the pre-sequence filler: outside the byte range, so it never aliases a real n-gram

@@ -3,30 +3,15 @@
 Both return `(y, aux)`: `aux` maps a name to a scalar auxiliary term the model adds to its loss and
 reports by that name (the dense SwiGLU returns `{}`). `make_ffn` picks one from the config.
 
-Weights are created without drawing from torch's global RNG (`skip_init`) and filled by
-`reset_parameters(generator)`; `normal_init_` is the one N(0, std) initialiser of the model modules.
+Weights are created without drawing from torch's global RNG (`linear`, in model/init.py) and filled by
+`reset_parameters(generator)`.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import skip_init
 
-
-def normal_init_(weight: torch.Tensor, gen: torch.Generator, std: float = 0.02) -> None:
-    """Fill `weight` with N(0, std) drawn from `gen`.
-
-    Drawn in fp32 on the CPU and copied, so the same (seed, purpose) gives the same weights on every
-    device and dtype (a CPU generator cannot fill a CUDA tensor anyway).
-    """
-    draw = torch.empty(weight.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
-    with torch.no_grad():
-        weight.copy_(draw)
-
-
-def linear(d_in: int, d_out: int) -> nn.Linear:
-    """A bias-free Linear whose constructor draws nothing; the owner's reset_parameters fills it."""
-    return skip_init(nn.Linear, d_in, d_out, bias=False)
+from dormouse.model.init import linear, normal_init_
 
 
 class SwiGLU(nn.Module):

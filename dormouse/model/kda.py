@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from dormouse import counters, ledger
-from dormouse.model.ffn import linear, normal_init_
+from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
 
 FLA_UNAVAILABLE = ledger.register(

@@ -22,7 +22,8 @@ from dormouse.errors import CheckpointError
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
 from dormouse.model.engram import Engram, EngramStats, EngramWindow
-from dormouse.model.ffn import make_ffn, normal_init_
+from dormouse.model.ffn import make_ffn
+from dormouse.model.init import normal_init_
 from dormouse.model.kda import KDALayer
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm
