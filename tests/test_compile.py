@@ -1,8 +1,8 @@
 """torch.compile of the nano model works on the CPU, so the GPU path can use it.
 
 The backend is aot_eager: Dynamo's graph capture and AOTAutograd's forward/backward split, which is
-where a model stops being compilable. Inductor's C++ code generation on top of it took six CPU-minutes
-for this test on 2 cores (docs/known-issues.md), too long for CI. The engram arm is off: AOTAutograd
+where a model stops being compilable. Inductor's C++ code generation on top of it was too slow for CI
+on 2 cores (docs/known-issues.md). The engram arm is off: AOTAutograd
 cannot trace its sparse table gradient (docs/known-issues.md).
 """
 
