@@ -156,6 +156,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return cli(args)
 
 
+def _cmd_ab(args: argparse.Namespace) -> int:
+    from dormouse.tools.ab import cli
+
+    try:
+        return cli(args)
+    except KeyboardInterrupt:
+        return 130
+
+
 def _cmd_ledger(args: argparse.Namespace) -> int:
     from dormouse import ledger
 
@@ -255,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup", type=int, default=3, metavar="W", help="untimed steps first; the first is first_step_s (default 3)"
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model before the first step")
+    p.add_argument(
+        "--op",
+        choices=("step", "kda"),
+        default="step",
+        help="step = the trainer's training step (default); kda = the KDA op alone, forward+backward",
+    )
     p.add_argument("--note", default="", metavar="TEXT", help="free text for the row's note column")
     p.add_argument("--history", default=None, metavar="FILE", help="TSV to append to (default benches/history.tsv)")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="folder for the log (default benches/logs)")
@@ -284,6 +299,33 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p)
     p.set_defaults(func=_cmd_replay)
 
+    p = sub.add_parser(
+        "ab", help="compare two configs over seeds at equal steps: bpb difference B-A with a 95%% interval, ms/step"
+    )
+    p.add_argument(
+        "--a", required=True, metavar="FLAGS", help='arm A: config flags as one string ("" = the shared config)'
+    )
+    p.add_argument("--b", required=True, metavar="FLAGS", help='arm B: config flags as one string, e.g. "--lr 0.01"')
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="seed rounds; round i trains both arms with seed --seed + i (default 3)",
+    )
+    p.add_argument(
+        "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"
+    )
+    p.add_argument("--out", metavar="DIR", default=None, help="new or empty folder (default runs/ab-<time>)")
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="FILE",
+        help="bench rows the cost is priced from (default benches/history.tsv)",
+    )
+    add_config_flags(p)
+    p.set_defaults(func=_cmd_ab)
+
     p = sub.add_parser("ledger", help="print the fallback ledger (every site: LOUD or COUNTED)")
     p.add_argument("--markdown", action="store_true", help="print docs/fallbacks.md")
     p.set_defaults(func=_cmd_ledger)
@@ -291,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["ab"]:
+        from dormouse.tools.ab import attach_arm_values
+
+        argv = attach_arm_values(argv)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

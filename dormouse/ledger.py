@@ -35,6 +35,7 @@ class FallbackRefused(DormouseError):
 
 SITES: dict[str, Site] = {}
 COUNTS: Counter = Counter()
+FIRED: set[str] = set()  # every site that fired in this process: tests/test_ledger_reach.py reads it
 
 
 def register(name: str, kind: Kind, reason: str, module: str) -> str:
@@ -47,12 +48,14 @@ def register(name: str, kind: Kind, reason: str, module: str) -> str:
 def refuse(name: str, message: str) -> FallbackRefused:
     """The exception to raise at a LOUD site (`raise refuse(...)`)."""
     _check(name, Kind.LOUD)
+    FIRED.add(name)
     return FallbackRefused(name, message)
 
 
 def count(name: str) -> None:
     """Record one use of a COUNTED site."""
     _check(name, Kind.COUNTED)
+    FIRED.add(name)
     COUNTS[name] += 1
 
 

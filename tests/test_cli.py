@@ -18,6 +18,7 @@ REQUIRED = {
     "generate": ["RUN", "--prompt", "x"],
     "bench": [],
     "replay": ["RUN"],
+    "ab": ["--a", "", "--b", "--lr 0.01"],
 }
 
 

@@ -1,0 +1,362 @@
+"""`dormouse ab`: two configurations (arms A and B) trained on equal data, seeds and steps; is B better?
+
+The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
+
+- Each arm is the shared flags (`--preset`, `--config`, config flags given to `ab` itself) with the
+  arm's own flags on top, parsed by the same flags as `dormouse train`. An arm may not set what the
+  comparison holds equal (SHARED: seed, batch and sequence length, steps, budget, evals, device,
+  checkpointing) nor the preset or a config file; unknown flags and two arms that resolve to one
+  config are refused.
+- Seed round i trains A and B with seed `--seed` + i: the same batches (a batch is a function of
+  (seed, step), the corpus, batch_size and seq_len) and the same init streams. Runs go round-robin
+  by whole runs, the order alternating per round (A B, B A, A B, ...), so a slow drift of the
+  machine's speed loads both arms alike; every step is timed the same way in both.
+- Equal steps: `--steps N` trains both arms N steps. `--minutes M` first prices each arm (a few
+  timed steps in a temporary run) and sets N to the steps the slower arm fits in M minutes; both
+  arms then train exactly N steps, with the learning-rate schedule over N.
+- The score of a run is the held-out bpb of its final model on the full held-out walk; the paired
+  difference B − A over seeds gets a 95% Student-t interval (tools/ab_stats.py).
+- Before anything trains, the cost is priced from benches/history.tsv rows of this device, preset,
+  shape, arms and parameter count (tools/history.py), or reported unknown.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shlex
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dormouse.config import Config, add_config_flags, config_from_args
+from dormouse.data.sampler import heldout_windows
+from dormouse.data.shards import Corpus
+from dormouse.errors import ConfigError
+from dormouse.evaluation import heldout_score
+from dormouse.tools.ab_stats import paired_difference
+from dormouse.tools.bench import device_name, git_commit, repo_root
+from dormouse.tools.history import measured_rows, read_history, setting
+from dormouse.train.trainer import Trainer
+
+ARMS = ("a", "b")
+# Held equal by construction: an arm that sets one of these is refused, `ab` itself takes them for both.
+SHARED = {
+    "train.seed": "seed round i trains both arms with seed --seed + i",
+    "train.batch_size": "the batches must be the same bytes",
+    "train.seq_len": "the batches must be the same bytes",
+    "train.steps": "the comparison is at equal steps",
+    "train.minutes": "the budget is per arm-run and the same for both",
+    "train.eval_every": "the curves must be sampled at the same steps",
+    "train.eval_bytes": "the curves must score the same held-out bytes",
+    "train.device": "both arms run and are timed on one device",
+    "train.ckpt_every": "checkpointing changes no number: an arm differing only there compares a config with itself",
+    "train.keep_last": "checkpointing changes no number: an arm differing only there compares a config with itself",
+}
+PRICE_WARMUP, PRICE_STEPS = 1, 5  # the --minutes pricing run: untimed first step (cold start), then timed steps
+FORWARD_SHARE = 1 / 3  # an eval forward ≈ a third of a training step (backward ≈ 2 forwards, bench's 6 = 2·(1+2))
+
+
+# ---- the arms --------------------------------------------------------------------------------------------------
+
+
+class _ArmParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ConfigError(message)
+
+
+def attach_arm_values(argv: list[str]) -> list[str]:
+    """`--b "--no-engram"` → `--b=--no-engram`: argparse reads a lone value that starts with '-' as an option,
+    so an arm of one flag would be refused as a missing value."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--a", "--b") and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def arm_configs(args: argparse.Namespace) -> dict[str, Config]:
+    """Both arms' resolved configs; every refusal of the protocol happens here, before anything runs."""
+    if getattr(args, "train.steps") is not None and getattr(args, "train.minutes"):
+        raise ConfigError("--steps and --minutes are exclusive for ab: both arms train N steps, or the steps fit M")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds {args.seeds}: at least 1")
+    parser = _ArmParser(prog="arm", add_help=False, allow_abbrev=False)
+    add_config_flags(parser)
+    cfgs = {}
+    for arm in ARMS:
+        text = getattr(args, arm)
+        try:
+            given = parser.parse_args(shlex.split(text))
+            merged = argparse.Namespace(**vars(args))
+            for dest, value in vars(given).items():
+                if value is None or (dest.startswith("short.") and not value):
+                    continue
+                if dest in ("preset", "config"):
+                    raise ConfigError(f"--{dest} is shared: give it to `dormouse ab` itself, or name the fields")
+                if dest in SHARED:
+                    flag = "--" + dest.split(".", 1)[1].replace("_", "-")
+                    raise ConfigError(f"{flag} is held equal ({SHARED[dest]}): give it to `dormouse ab` itself")
+                setattr(merged, dest, value)
+            cfgs[arm] = config_from_args(merged)
+        except (ConfigError, ValueError) as e:  # ValueError: shlex, on an unclosed quote
+            raise ConfigError(f"--{arm} {text!r}: {e}") from e
+    if cfgs["a"].to_dict() == cfgs["b"].to_dict():
+        raise ConfigError(f"--a {args.a!r} and --b {args.b!r} resolve to the same config: nothing to compare")
+    return cfgs
+
+
+def for_round(cfg: Config, seed: int, steps: int) -> Config:
+    """An arm's config in one seed round: its seed, exactly `steps` steps, no wall-time stop."""
+    train = dataclasses.replace(cfg.train, seed=seed, steps=steps, minutes=0.0)
+    return Config(model=dataclasses.replace(cfg.model), train=train, preset=cfg.preset)
+
+
+# ---- timing and pricing ----------------------------------------------------------------------------------------
+
+
+class _TimedTrainer(Trainer):
+    """The trainer, keeping every step's time. The clock is run_loop's own (perf_counter around train_step,
+    which ends in .item(), so a CUDA step has finished); run_loop itself keeps only per-eval medians."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_ms: list[float] = []
+
+    def train_step(self, step: int) -> float:
+        started = time.perf_counter()
+        ce = super().train_step(step)
+        self.step_ms.append((time.perf_counter() - started) * 1000)
+        return ce
+
+
+def measure_ms_per_step(cfg: Config, corpus: Corpus, note: str) -> float:
+    """The median of PRICE_STEPS timed steps after PRICE_WARMUP untimed ones, in a temporary run."""
+    with tempfile.TemporaryDirectory(prefix="dormouse-ab-price-") as tmp:
+        trainer = _TimedTrainer(cfg, corpus, Path(tmp) / "run", corpus_note=note)
+        for step in range(PRICE_WARMUP + PRICE_STEPS):
+            trainer.train_step(step)
+    return statistics.median(trainer.step_ms[PRICE_WARMUP:])
+
+
+def eval_batches(cfg: Config, corpus: Corpus, steps: int) -> int:
+    """Forward batches one run evaluates: an eval every eval_every steps and at the end, then the full walk."""
+    t = cfg.train
+
+    def walk(max_bytes: int | None) -> int:
+        return sum(1 for _ in heldout_windows(corpus, t.seq_len, t.batch_size, max_bytes))
+
+    per_eval = walk(t.eval_bytes or None)
+    return math.ceil(steps / t.eval_every) * per_eval + (walk(None) if t.eval_bytes else 0)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def price(
+    history: Path, cfgs: dict[str, Config], corpus: Corpus, *, steps: int | None, minutes: float, seeds: int
+) -> dict:
+    """The experiment's cost from measured history rows of each arm's own setting, or why it is unknown."""
+    rows = read_history(history)
+    found = {}
+    for arm, cfg in cfgs.items():
+        wanted = setting(cfg)
+        matches = measured_rows(rows, wanted)
+        if not matches:
+            shape = (
+                f"batch {wanted['batch']}, seq_len {wanted['seq_len']}, {wanted['dtype']}, arms {wanted['arms']}, "
+                f"{wanted['params']} parameters"
+            )
+            text = (
+                f"cost unknown: no bench row for {wanted['device']} {wanted['preset']} ({shape}; arm "
+                f"{arm.upper()}) in {history}; `dormouse bench` with that arm's flags measures one"
+            )
+            if minutes:
+                text += f". The training budget alone is {_duration(minutes * 60 * len(ARMS) * seeds)}"
+            return {"known": False, "text": text}
+        found[arm] = matches[-1]  # the newest
+    ms = {arm: float(row["ms_per_step"]) for arm, row in found.items()}
+    n = steps if steps is not None else max(1, int(minutes * 60_000 // max(ms.values())))
+    train_s = sum(ms.values()) * n * seeds / 1000
+    forwards = {arm: eval_batches(cfg, corpus, n) for arm, cfg in cfgs.items()}
+    eval_s = sum(ms[arm] * FORWARD_SHARE * forwards[arm] for arm in ARMS) * seeds / 1000
+    used = "; ".join(
+        f"{arm.upper()} {ms[arm]:.4g} ms/step (row {row['date']} {row['commit']}, {row['log']})"
+        for arm, row in found.items()
+    )
+    steps_text = f"{n} steps" if steps is not None else f"~{n} steps (what the slower arm fits in {minutes:g} min)"
+    text = (
+        f"cost from {history}: {used}. Training: {len(ARMS)} arms x {seeds} seeds x {steps_text} = "
+        f"{_duration(train_s)}; evals ≈ {_duration(eval_s)} (estimate: a forward ≈ 1/3 of a step, "
+        f"{forwards['a']}/{forwards['b']} eval batches per A/B run); total ≈ {_duration(train_s + eval_s)}"
+    )
+    return {"known": True, "text": text, "rows": found, "steps": n, "train_s": train_s, "eval_s": eval_s}
+
+
+# ---- the runs --------------------------------------------------------------------------------------------------
+
+
+def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path) -> dict:
+    """Train one arm in one seed round; score its final model on the full held-out walk."""
+    load_start = os.getloadavg()[0]
+    trainer = _TimedTrainer(cfg, corpus, run_dir, corpus_note=note)
+    last = trainer.run_loop()
+    t = cfg.train
+    if t.eval_bytes:  # the run's evals scored a prefix; the comparison scores every held-out byte
+        held = heldout_score(
+            trainer.model,
+            corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=0,
+            device=trainer.device,
+            autocast=trainer.autocast,
+        )
+        bpb, scored = held.bpb, held.bytes
+    else:
+        bpb, scored = last["bpb"], last["heldout_bytes"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "seed": t.seed,
+        "run": str(run_dir),
+        "steps": trainer.step,
+        "bpb": bpb,
+        "heldout_bytes": scored,
+        "ms_per_step": statistics.median(trainer.step_ms),
+        "step_ms": trainer.step_ms,
+        "loadavg": [load_start, os.getloadavg()[0]],  # 1-minute load before and after: was the machine shared?
+        "curve": [[r["step"], r["bpb"]] for r in records if r["kind"] == "eval"],
+    }
+
+
+def summarise(runs: dict[str, list[dict]]) -> tuple[list[dict], dict]:
+    """Per-seed rows and the overall comparison from each arm's runs (in seed order)."""
+    per_seed = [
+        {
+            "seed": a["seed"],
+            "a_bpb": a["bpb"],
+            "b_bpb": b["bpb"],
+            "diff": b["bpb"] - a["bpb"],
+            "a_ms_per_step": a["ms_per_step"],
+            "b_ms_per_step": b["ms_per_step"],
+        }
+        for a, b in zip(runs["a"], runs["b"], strict=True)
+    ]
+    diff = paired_difference([r["bpb"] for r in runs["a"]], [r["bpb"] for r in runs["b"]])
+    overall = {
+        "a_bpb_mean": statistics.fmean(r["bpb"] for r in runs["a"]),
+        "b_bpb_mean": statistics.fmean(r["bpb"] for r in runs["b"]),
+        "diff_mean": diff.mean,
+        "diff_sd": diff.sd,
+        "dof": diff.n - 1,
+        "t": diff.t,
+        "ci95": list(diff.ci95) if diff.ci95 else None,
+        # every training step of the arm, all seeds: one median, not a mean of per-seed medians
+        "a_ms_per_step": statistics.median(ms for r in runs["a"] for ms in r["step_ms"]),
+        "b_ms_per_step": statistics.median(ms for r in runs["b"] for ms in r["step_ms"]),
+        "verdict": diff.verdict,
+    }
+    return per_seed, overall
+
+
+def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
+    lines = [
+        f"seed {r['seed']}: A {r['a_bpb']:.4f} bpb, B {r['b_bpb']:.4f} bpb, B-A {r['diff']:+.4f}; "
+        f"ms/step A {r['a_ms_per_step']:.4g}, B {r['b_ms_per_step']:.4g}"
+        for r in per_seed
+    ]
+    ci = overall["ci95"]
+    interval = (
+        f"95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}] (Student t {overall['t']:.4g}, {overall['dof']} dof)"
+        if ci
+        else "95% CI unknown (one seed)"
+    )
+    lines += [
+        f"overall: A {overall['a_bpb_mean']:.4f} bpb, B {overall['b_bpb_mean']:.4f} bpb (means over seeds); "
+        f"B-A {overall['diff_mean']:+.4f}, {interval}",
+        f"ms/step (median of every training step): A {overall['a_ms_per_step']:.4g}, B {overall['b_ms_per_step']:.4g}",
+        f"verdict: {overall['verdict']}",
+    ]
+    return lines
+
+
+def cli(args: argparse.Namespace) -> int:
+    """`dormouse ab`: see the module docstring and docs/ab-protocol.md."""
+    from dormouse.plots import plot_ab
+    from dormouse.runs import open_corpus
+
+    cfgs = arm_configs(args)
+    out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
+    commit = git_commit(repo_root())  # the code that trains, before hours in which the tree may change
+    first_seed, minutes = cfgs["a"].train.seed, cfgs["a"].train.minutes
+    seeds = [first_seed + i for i in range(args.seeds)]
+    steps = None if minutes else cfgs["a"].train.steps
+    corpus, note = open_corpus(args.data)
+    history = Path(args.history) if args.history else repo_root() / "benches" / "history.tsv"
+    cost = price(history, cfgs, corpus, steps=steps, minutes=minutes, seeds=len(seeds))
+    print(cost["text"])
+
+    pricing = None
+    if minutes:  # equal steps: what the slower arm fits in the budget, measured here and now
+        ms = {
+            arm: measure_ms_per_step(for_round(cfg, first_seed, PRICE_WARMUP + PRICE_STEPS), corpus, note)
+            for arm, cfg in cfgs.items()
+        }
+        steps = max(1, int(minutes * 60_000 // max(ms.values())))
+        pricing = {"warmup": PRICE_WARMUP, "steps": PRICE_STEPS, "ms_per_step": ms}
+        print(f"pricing run: ms/step A {ms['a']:.4g}, B {ms['b']:.4g}; both arms train {steps} steps")
+    step_rule = (
+        f"--minutes {minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
+        if minutes
+        else f"--steps {steps}"
+    )
+
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    order = []
+    for i, seed in enumerate(seeds):
+        for arm in ARMS if i % 2 == 0 else ARMS[::-1]:  # A B, B A, ...: drift in machine speed hits both arms
+            order.append(f"{arm}/{seed}")
+            runs[arm].append(run_arm(for_round(cfgs[arm], seed, steps), corpus, note, out / arm / f"seed-{seed}"))
+    per_seed, overall = summarise(runs)
+
+    device = torch.device(cfgs["a"].train.device)
+    result = {
+        "commit": commit,
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "preset": cfgs["a"].preset,
+        "data": note,
+        "fingerprint": corpus.fingerprint,
+        "seeds": seeds,
+        "steps": steps,
+        "step_rule": step_rule,
+        "pricing_run": pricing,
+        "order": order,
+        "cost": cost,
+        "arms": {
+            arm: {"flags": getattr(args, arm), "config": for_round(cfgs[arm], first_seed, steps).to_dict()}
+            for arm in ARMS
+        },
+        "runs": runs,
+        "per_seed": per_seed,
+        "overall": overall,
+    }
+    (out / "ab.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    plot_ab(result, out / "ab.png")
+    for line in report_lines(per_seed, overall):
+        print(line)
+    print(f"ab: {out / 'ab.json'}, {out / 'ab.png'}")
+    return 0

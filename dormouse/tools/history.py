@@ -1,0 +1,63 @@
+"""benches/history.tsv as data: the rows `dormouse bench` appended, and those that measured one setting.
+
+A row measures a setting only when its device (torch's name, the CPU thread count included), preset,
+batch, seq_len, dtype, arms and parameter count are the setting's, it timed dormouse itself,
+uncompiled, and its ms_per_step is a number. The parameter count catches what the other columns do
+not record (a --d-model on top of a preset, say). A figure from another device, preset or shape is
+never used, however close.
+"""
+
+import csv
+import math
+from pathlib import Path
+
+import torch
+
+from dormouse.config import Config
+from dormouse.model.model import DormouseLM
+from dormouse.tools.bench import arms, device_name
+
+MATCHED = ("device", "preset", "batch", "seq_len", "dtype", "arms", "params")
+
+
+def read_history(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a history TSV in file order (oldest first); none when the file does not exist."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:  # bench writes no quoting: a cell never holds a tab or a newline
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def setting(cfg: Config) -> dict[str, str]:
+    """The MATCHED cells a bench of `cfg` on this machine would write (the model is built on the CPU to count
+    its parameters: seconds for `base`, nothing beside the runs it prices)."""
+    t = cfg.train
+    return {
+        "device": device_name(torch.device(t.device)),
+        "preset": cfg.preset,
+        "batch": str(t.batch_size),
+        "seq_len": str(t.seq_len),
+        "dtype": t.dtype,
+        "arms": arms(cfg),
+        "params": str(DormouseLM(cfg.model, seed=t.seed).num_params()),
+    }
+
+
+def measured_rows(rows: list[dict[str, str]], wanted: dict[str, str]) -> list[dict[str, str]]:
+    """The rows that measured `wanted` (a dict of MATCHED cells), oldest first."""
+    return [
+        r
+        for r in rows
+        if r.get("model") == "dormouse"
+        and r.get("compiled") == "no"
+        and all(r.get(k) == wanted[k] for k in MATCHED)
+        and _is_number(r.get("ms_per_step", "-"))
+    ]
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        return math.isfinite(float(cell)) and float(cell) > 0
+    except ValueError:
+        return False

@@ -1,0 +1,189 @@
+"""`dormouse ab`: the statistics by hand, the pricing from history rows, real tiny A/Bs (keys, determinism,
+the --minutes rule) and every refusal of the protocol."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from dormouse import config, rng
+from dormouse.cli import main
+from dormouse.data.prepare import prepare
+from dormouse.data.shards import load_corpus
+from dormouse.tools.ab import price
+from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
+from dormouse.tools.bench import COLUMNS
+from dormouse.tools.history import setting
+
+TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
+TINY += ["--engram-rows", "256", "--engram-dim", "8", "--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
+TINY += ["--warmup-steps", "1", "--eval-every", "2", "--eval-bytes", "64"]
+KEYS = {"commit", "device", "torch", "preset", "data", "fingerprint", "seeds", "steps", "step_rule", "pricing_run"}
+KEYS |= {"order", "cost", "arms", "runs", "per_seed", "overall"}
+OVERALL = {"a_bpb_mean", "b_bpb_mean", "diff_mean", "diff_sd", "dof", "t", "ci95", "a_ms_per_step", "b_ms_per_step"}
+OVERALL |= {"verdict"}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    text = bytes(torch.randint(97, 123, (3000,), generator=rng.generator(0, 0, "test")).tolist())
+    (root / "text.txt").write_bytes(text * 2)
+    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
+    return root / "prepared"
+
+
+# ---- statistics ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dof, table", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (9, 2.2622), (30, 2.0423)])
+def test_t_critical_matches_the_tables(dof, table):
+    assert t_critical(dof) == pytest.approx(table, abs=1e-4)
+
+
+def test_b_better_when_the_interval_is_below_zero():
+    # differences -0.02, -0.03, -0.025: mean -0.025, sd 0.005, half-width 4.30265 · 0.005 / √3 = 0.0124207
+    d = paired_difference([2.0, 2.0, 2.0], [1.98, 1.97, 1.975])
+    assert (d.n, d.mean, d.sd, d.t) == (3, pytest.approx(-0.025), pytest.approx(0.005), pytest.approx(4.302653, 1e-6))
+    assert d.ci95 == (pytest.approx(-0.0374207, abs=1e-6), pytest.approx(-0.0125793, abs=1e-6))
+    assert d.verdict == "B better by 0.0250 bpb"
+
+
+def test_a_better_when_the_interval_is_above_zero():
+    # differences 0.04, 0.06, 0.05, 0.05: mean 0.05, sd √(0.0002/3) = 0.0081650, half 3.182446 · 0.008165 / 2
+    d = paired_difference([1.0] * 4, [1.04, 1.06, 1.05, 1.05])
+    assert d.ci95 == (pytest.approx(0.0370079, abs=1e-6), pytest.approx(0.0629921, abs=1e-6))
+    assert d.verdict == "A better by 0.0500 bpb"
+
+
+def test_no_difference_when_the_interval_spans_zero():
+    # differences 0.01, -0.01, 0.03: mean 0.01, sd 0.02, half 4.302653 · 0.02 / √3 = 0.0496828
+    d = paired_difference([3.0, 3.0, 3.0], [3.01, 2.99, 3.03])
+    assert d.ci95 == (pytest.approx(-0.0396828, abs=1e-6), pytest.approx(0.0596828, abs=1e-6))
+    assert d.verdict == "no difference detected"
+    assert paired_difference([2.0, 2.5], [2.0, 2.5]).ci95 == (0.0, 0.0)  # equal arms: zero is in [0, 0]
+    assert verdict((-0.1, 0.0), -0.05) == "no difference detected"  # touching zero is spanning it
+
+
+def test_one_seed_has_no_interval():
+    d = paired_difference([2.0], [1.5])
+    assert (d.mean, d.sd, d.t, d.ci95, d.verdict) == (-0.5, None, None, None, NO_INTERVAL)
+
+
+# ---- pricing -------------------------------------------------------------------------------------------------
+
+
+def tiny_configs(**b_model) -> dict[str, config.Config]:
+    model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 256, "engram_dim": 8}
+    train = {"seq_len": 32, "batch_size": 4, "eval_every": 2, "eval_bytes": 64, "device": "cpu"}
+    build = lambda extra: config.resolve(config.build("nano", {"model": {**model, **extra}, "train": train}))  # noqa: E731
+    return {"a": build({}), "b": build(b_model)}
+
+
+def history_row(cfg, ms: str, **cells) -> str:
+    values = dict.fromkeys(COLUMNS, "-")
+    values.update(model="dormouse", compiled="no", ms_per_step=ms, date="2026-12-02T00:00:00Z", commit="abc")
+    values.update(setting(cfg), **cells)
+    return "\t".join(values[c] for c in COLUMNS)
+
+
+def test_price_uses_only_rows_of_this_device_and_setting(corpus_dir, tmp_path):
+    cfgs = tiny_configs(mixer="attention")
+    history = tmp_path / "history.tsv"
+    rows = [history_row(cfgs["a"], "1", device="NVIDIA H200"), history_row(cfgs["a"], "1", preset="small")]
+    history.write_text("\n".join(["\t".join(COLUMNS), *rows, history_row(cfgs["a"], "100")]) + "\n")
+    corpus = load_corpus(corpus_dir)
+    unknown = price(history, cfgs, corpus, steps=10, minutes=0.0, seeds=3)  # arm B (attention) has no row
+    device = setting(cfgs["a"])["device"]
+    assert not unknown["known"] and unknown["text"].startswith(f"cost unknown: no bench row for {device} nano (")
+    assert "arms attention" in unknown["text"] and "ms/step" not in unknown["text"]
+
+    history.write_text(history.read_text() + history_row(cfgs["b"], "50") + "\n")
+    known = price(history, cfgs, corpus, steps=10, minutes=0.0, seeds=3)
+    assert known["known"] and known["steps"] == 10
+    assert known["train_s"] == pytest.approx((100 + 50) * 10 * 3 / 1000)
+    assert "A 100 ms/step" in known["text"] and "B 50 ms/step" in known["text"]
+    # per run: 5 evals of the 64-byte prefix (2 windows of 32: 1 batch) and the full walk (599 bytes: 18
+    # windows of 32 in 5 batches of 4, then the last 23 bytes: 6 batches); a forward is a third of a step
+    assert known["eval_s"] == pytest.approx((100 + 50) / 3 * (5 * 1 + 6) * 3 / 1000)
+    by_minutes = price(history, cfgs, corpus, steps=None, minutes=0.01, seeds=1)
+    assert by_minutes["steps"] == 6  # 600 ms / the slower arm's 100 ms
+
+
+# ---- real runs -----------------------------------------------------------------------------------------------
+
+
+def run_ab(corpus_dir, tmp_path, out: str, *argv: str) -> dict:
+    history = tmp_path / "no-history.tsv"
+    args = ["ab", *argv, "--data", str(corpus_dir), "--out", str(tmp_path / out), "--history", str(history), *TINY]
+    assert main(args) == 0
+    return json.loads((tmp_path / out / "ab.json").read_text())
+
+
+def test_two_seeds_write_every_number_and_repeat_bitwise(corpus_dir, tmp_path):
+    argv = ("--a", "", "--b", "--lr 0.01", "--seeds", "2", "--steps", "4")
+    first = run_ab(corpus_dir, tmp_path, "one", *argv)
+    assert set(first) == KEYS and set(first["overall"]) == OVERALL
+    assert first["order"] == ["a/0", "b/0", "b/1", "a/1"] and first["seeds"] == [0, 1] and first["steps"] == 4
+    assert first["cost"]["text"].startswith("cost unknown: no bench row for cpu")
+    a, b = first["arms"]["a"]["config"], first["arms"]["b"]["config"]
+    assert (a["train"]["lr"], b["train"]["lr"]) == (0.003, 0.01) and a["model"] == b["model"]
+    for arm in ("a", "b"):
+        for seed, run in zip((0, 1), first["runs"][arm], strict=True):
+            assert (run["seed"], run["steps"], len(run["step_ms"])) == (seed, 4, 4)
+            assert math.isfinite(run["bpb"]) and 0 < run["bpb"] < 9 and run["heldout_bytes"] == 599
+            assert [s for s, _ in run["curve"]] == [2, 4] and run["ms_per_step"] > 0
+    for row in first["per_seed"]:
+        assert row["diff"] == row["b_bpb"] - row["a_bpb"]
+    overall = first["overall"]
+    assert overall["dof"] == 1 and overall["t"] == pytest.approx(12.7062, abs=1e-4) and len(overall["ci95"]) == 2
+    assert (tmp_path / "one" / "ab.png").stat().st_size > 0
+
+    second = run_ab(corpus_dir, tmp_path, "two", *argv)
+    for arm in ("a", "b"):
+        assert [r["bpb"] for r in second["runs"][arm]] == [r["bpb"] for r in first["runs"][arm]]
+        assert [r["curve"] for r in second["runs"][arm]] == [r["curve"] for r in first["runs"][arm]]
+
+
+def test_minutes_trains_both_arms_the_steps_the_slower_arm_fits(corpus_dir, tmp_path, capsys):
+    argv = ("--a", "", "--b", "--no-short-conv", "--seeds", "1", "--minutes", "0.004")
+    result = run_ab(corpus_dir, tmp_path, "m", *argv)
+    ms = result["pricing_run"]["ms_per_step"]
+    assert result["steps"] == max(1, int(0.004 * 60_000 // max(ms.values())))
+    assert [r["steps"] for arm in ("a", "b") for r in result["runs"][arm]] == [result["steps"]] * 2
+    assert result["arms"]["b"]["config"]["model"]["short_conv"] is False  # a lone flag is an arm, not an option
+    assert result["arms"]["a"]["config"]["train"]["minutes"] == 0.0  # the schedule runs over the fixed steps
+    assert result["overall"]["ci95"] is None and result["overall"]["verdict"] == NO_INTERVAL
+    assert "95% CI unknown (one seed)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--a", "", "--b", "--lr 0.003"], "resolve to the same config"),
+        (["--a", "", "--b", "--no-such-flag 1"], "unrecognized arguments: --no-such-flag"),
+        (["--a", "", "--b", "--lr 0.01", "--steps", "4", "--minutes", "1"], "--steps and --minutes are exclusive"),
+        (["--a", "", "--b", "--batch-size 8"], "--batch-size is held equal"),
+        (["--a", "--seq-len 64", "--b", ""], "--seq-len is held equal"),
+        (["--a", "", "--b", "--seed 1"], "--seed is held equal"),
+        (["--a", "", "--b", "--steps 9"], "--steps is held equal"),
+        (["--a", "", "--b", "--preset small"], "--preset is shared"),
+        (["--a", "", "--b", "--lr '0.01"], "No closing quotation"),
+        (["--a", "", "--b", "--lr 0.01", "--seeds", "0"], "--seeds 0: at least 1"),
+    ],
+)
+def test_refusals_before_anything_runs(argv, message, tmp_path, capsys):
+    assert main(["ab", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_non_empty_out_is_refused(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ab.json").write_text("{}")
+    assert main(["ab", "--a", "", "--b", "--lr 0.01", "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2
+    assert "is not empty" in capsys.readouterr().err
