@@ -5,7 +5,8 @@ Layout of `RUN/ckpt/`:
     step-00000120/           one checkpoint: complete under this name, or absent
       model.safetensors      the model's state_dict; metadata {"step": "120", "kind": "model"}
       optimizer.pt           torch.save({"step": 120, "state": optimizer.state_dict()})
-      <stem>.safetensors     the caller's other tensor files (engram tables, ...); metadata {"step", "kind": stem}
+      <stem>.safetensors     the caller's other tensor files (engram tables, ...); metadata {"step", "kind": stem};
+                             optimizer state that travels with them is keyed "optimizer/<key>" there
       state.json             written last: format, run_id, step, best_bpb, best_step, sampler, stress,
                              extra, and files: {name: {sha256, size, step}} for every file above
     last                     pointer {"dir": "step-00000120", "step": 120, "bpb": ...}: the commit point
@@ -56,6 +57,7 @@ FORMAT = 1
 STATE = "state.json"
 MODEL = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
+OPTIMIZER_KEY = "optimizer/"  # prefix of the optimizer-state tensors inside a <stem>.safetensors file
 STATE_KEYS = ("run_id", "best_bpb", "best_step", "sampler", "stress", "extra")
 
 FILE_MISSING = ledger.register(
@@ -104,6 +106,7 @@ class Checkpoint:
     model_state: dict[str, torch.Tensor]
     optimizer_state: dict
     tensors: dict[str, dict[str, torch.Tensor]]
+    optimizer_tensors: dict[str, dict[str, torch.Tensor]]  # by stem; only stems that hold any
 
 
 def step_dir_name(step: int) -> str:
@@ -117,12 +120,16 @@ def save(
     model_state: dict[str, torch.Tensor],
     optimizer_state: dict,
     tensors: dict[str, dict[str, torch.Tensor]] | None = None,
+    optimizer_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
     state: dict,
     is_best: bool = False,
     keep_last: int = 3,
 ) -> Path:
     """Write checkpoint `step` of a run and commit it; return its directory `RUN/ckpt/step-<N>`.
 
+    `tensors` {stem: tensors} are written to `<stem>.safetensors`; `optimizer_tensors` {stem: tensors}
+    join the same file under `optimizer/<key>` (optimizer state that belongs with those tensors, such
+    as the engram tables' row-wise moments); `load` hands them back apart.
     `state` holds exactly the keys run_id (str), best_bpb (finite float or None), best_step (int or
     None), sampler, stress, extra (JSON objects). `is_best` says this step's held-out bpb is the run's
     best: then best_step must equal `step`, and best_bpb must be finite and no worse than the bpb
@@ -134,15 +141,9 @@ def save(
     if not isinstance(keep_last, int) or keep_last < 1:
         raise CheckpointError(f"keep_last must be an int >= 1, got {keep_last!r}")
     body = _check_state(state, step, is_best)
-    tensors = dict(tensors or {})
-    for stem in tensors:
-        if not _STEM.fullmatch(stem) or stem in ("model", "optimizer", "state"):
-            raise CheckpointError(
-                f"extra tensor file name {stem!r} is refused: use lower-case letters, digits and _ "
-                "(not model/optimizer/state)"
-            )
     files_out = {MODEL: (_cpu_tensors(model_state, "model_state"), "model")}
-    files_out.update({f"{s}.safetensors": (_cpu_tensors(sd, f"tensors[{s!r}]"), s) for s, sd in tensors.items()})
+    for stem, sd in _extra_files(tensors or {}, optimizer_tensors or {}).items():
+        files_out[f"{stem}.safetensors"] = (_cpu_tensors(sd, f"tensors[{stem!r}]"), stem)
     _check_plain(optimizer_state, "optimizer_state")
 
     ckpt = Path(run_dir) / "ckpt"
@@ -319,6 +320,23 @@ def _step_dirs(ckpt: Path) -> dict[int, Path]:
     return out
 
 
+def _extra_files(tensors: dict, optimizer_tensors: dict) -> dict[str, dict]:
+    """{stem: what its file holds}: the caller's tensors, then the optimizer's under OPTIMIZER_KEY."""
+    files = {}
+    for stem in [*tensors, *(s for s in optimizer_tensors if s not in tensors)]:
+        if not isinstance(stem, str) or not _STEM.fullmatch(stem) or stem in ("model", "optimizer", "state"):
+            raise CheckpointError(
+                f"extra tensor file name {stem!r} is refused: use lower-case letters, digits and _ "
+                "(not model/optimizer/state)"
+            )
+        own = _cpu_tensors(tensors.get(stem, {}), f"tensors[{stem!r}]")
+        if any(k.startswith(OPTIMIZER_KEY) for k in own):
+            raise CheckpointError(f"tensors[{stem!r}] has keys starting {OPTIMIZER_KEY!r}, the optimizer's prefix")
+        opt = _cpu_tensors(optimizer_tensors.get(stem, {}), f"optimizer_tensors[{stem!r}]")
+        files[stem] = {**own, **{OPTIMIZER_KEY + k: v for k, v in opt.items()}}
+    return files
+
+
 def _cpu_tensors(sd: dict, what: str) -> dict[str, torch.Tensor]:
     """CPU, contiguous, unshared copies where needed: safetensors refuses tensors that share memory (tied weights)."""
     if not isinstance(sd, dict):
@@ -402,15 +420,19 @@ def _load_dir(path: Path, pointed: int | None, which, device: str) -> Checkpoint
         raise ledger.refuse(
             STEP_MISMATCH, f"pointer {which!r} says step {pointed}, but {path / STATE} says step {step}"
         )
-    model_state, tensors = {}, {}
+    model_state, tensors, optimizer_tensors = {}, {}, {}
     for name in state["files"]:
         if name == MODEL:
             model_state = _load_safetensors(path / name, step, "model", device)
         elif name != OPTIMIZER:
             stem = name.removesuffix(".safetensors")
-            tensors[stem] = _load_safetensors(path / name, step, stem, device)
+            held = _load_safetensors(path / name, step, stem, device)
+            tensors[stem] = {k: v for k, v in held.items() if not k.startswith(OPTIMIZER_KEY)}
+            opt = {k.removeprefix(OPTIMIZER_KEY): v for k, v in held.items() if k.startswith(OPTIMIZER_KEY)}
+            if opt:
+                optimizer_tensors[stem] = opt
     optimizer_state = _load_optimizer(path / OPTIMIZER, step, device)
-    return Checkpoint(path, step, state, model_state, optimizer_state, tensors)
+    return Checkpoint(path, step, state, model_state, optimizer_state, tensors, optimizer_tensors)
 
 
 def _resolve(ckpt: Path, which: str | os.PathLike) -> tuple[Path, int | None]:

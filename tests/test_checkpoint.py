@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from dormouse import checkpoint, ledger
 from dormouse.errors import CheckpointError
@@ -144,6 +145,46 @@ def test_no_extra_tensor_files_and_load_to_a_path(tmp_path):
     assert pointer(tmp_path, "last") == {"dir": "step-00000003", "step": 3, "bpb": None}
     assert checkpoint.best_bpb(tmp_path) is None
     assert not (tmp_path / "ckpt" / "best").exists()
+
+
+def test_optimizer_tensors_travel_in_their_stems_file_and_come_back_apart(tmp_path):
+    table = torch.full((32, 8), 5.0)
+    moments = {"table.exp_avg": torch.arange(256.0).reshape(32, 8), "table.step": torch.arange(32)}
+    path = checkpoint.save(
+        tmp_path,
+        5,
+        model_state=model_state(5),
+        optimizer_state=optimizer_state(),
+        tensors={"engram": {"table": table}},
+        optimizer_tensors={"engram": moments, "side": {"x": torch.ones(2)}},
+        state=state(),
+    )
+    assert sorted(os.listdir(path)) == [
+        "engram.safetensors",
+        "model.safetensors",
+        "optimizer.pt",
+        "side.safetensors",
+        "state.json",
+    ]
+    with safe_open(str(path / "engram.safetensors"), framework="pt") as f:  # one stamped file holds both
+        assert sorted(f.keys()) == ["optimizer/table.exp_avg", "optimizer/table.step", "table"]
+        assert f.metadata() == {"step": "5", "kind": "engram"}
+    ck = checkpoint.load(tmp_path)
+    assert {stem: sorted(sd) for stem, sd in ck.tensors.items()} == {"engram": ["table"], "side": []}
+    assert bits(ck.tensors["engram"]["table"]) == bits(table)
+    assert set(ck.optimizer_tensors) == {"engram", "side"}
+    for key, t in moments.items():
+        assert equal_nested(ck.optimizer_tensors["engram"][key], t), key  # dtype, shape and bits
+    assert torch.equal(ck.optimizer_tensors["side"]["x"], torch.ones(2))
+    with pytest.raises(CheckpointError, match="the optimizer's prefix"):
+        checkpoint.save(
+            tmp_path,
+            6,
+            model_state=model_state(6),
+            optimizer_state={},
+            tensors={"engram": {"optimizer/x": torch.ones(1)}},
+            state=state(),
+        )
 
 
 def test_pointers_and_pruning_keep_the_older_best(tmp_path):

@@ -63,7 +63,11 @@ def test_booleans_and_short_arms():
         (["--dtype", "bf16", "--device", "cpu"], "bf16"),
         (["--kda-backend", "fla", "--device", "cpu"], "KDA backend 'fla' needs CUDA tensors"),
         (["--eval-bytes", "10"], "eval_bytes 10 is shorter than one sequence"),
-        (["--engram-layer", "2"], r"engram_layer 2 is not a layer of the block; allowed \[0, 1\]"),
+        (["--engram-layers", "2"], r"engram_layers '2': distinct block layers in 0\.\.1, comma-separated"),
+        (["--engram-layers", "0,0"], r"engram_layers '0,0': distinct block layers"),
+        (["--engram-layers", "0,x"], r"engram_layers '0,x': distinct block layers"),
+        (["--engram-layers", "-1"], r"engram_layers '-1': distinct block layers"),
+        (["--engram-layers", ""], "engram_layers is empty while engram is on"),
         (["--engram-orders", "2,x"], "engram_orders '2,x': distinct integers in 1..16"),
         (["--engram-orders", "3,3"], "engram_orders '3,3'"),
     ],
@@ -72,6 +76,14 @@ def test_validate_refuses_with_field_and_range(argv, message, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(DormouseError, match=message):
         parse(*argv)
+
+
+def test_engram_layers_are_parsed_ascending_and_may_be_empty_only_without_engram():
+    assert config.engram_layers(parse().model) == (0,)
+    cfg = parse("--preset", "small", "--engram-layers", "3, 1")
+    assert cfg.model.engram_layers == "3, 1" and config.engram_layers(cfg.model) == (1, 3)
+    assert config.engram_layers(parse("--no-engram", "--engram-layers", "").model) == ()
+    assert parse().model.engram_conv is True and parse("--no-engram-conv").model.engram_conv is False
 
 
 def test_config_file_refusals(tmp_path):

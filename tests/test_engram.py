@@ -1,3 +1,4 @@
+import contextlib
 import copy
 import json
 import math
@@ -7,11 +8,16 @@ import sys
 import pytest
 import torch
 
-from dormouse import rng
+from dormouse import config, rng
+from dormouse.data.prepare import prepare
+from dormouse.data.shards import load_corpus
+from dormouse.evaluation import heldout_score
 from dormouse.model import engram as engram_mod
 from dormouse.model.engram import (
     PAD,
     Engram,
+    EngramConv,
+    EngramStats,
     EngramWindow,
     engram_keys,
     engram_keys_step,
@@ -20,6 +26,7 @@ from dormouse.model.engram import (
     key_fingerprint,
     table_rows_touched,
 )
+from dormouse.model.model import DormouseLM
 from dormouse.train.routing import route
 
 F64 = torch.float64
@@ -231,7 +238,7 @@ def test_global_rows_give_each_arm_its_own_slice():
 
 @torch.no_grad()
 def test_output_equals_the_float64_formula():
-    m = make(rows=13, d=8).double()
+    m = make(rows=13, d=8, conv=False).double()
     m.key_norm.weight.copy_(1 + 0.3 * randn(8, seed=1, dtype=F64))
     m.hidden_norm.weight.copy_(1 + 0.3 * randn(8, seed=2, dtype=F64))
     m.table.weight.mul_(50)  # make the gate logits O(1) so σ is tested away from 1/2
@@ -239,7 +246,8 @@ def test_output_equals_the_float64_formula():
     x = byte_ids(2, 5, seed=3)
     h = randn(2, 5, 8, seed=4, dtype=F64)
     keys = m.keys(x)
-    delta, stats = m(h, keys)
+    delta, stats, tail = m(h, keys)
+    assert tail is None  # no conv, nothing to carry
     W, eps, d = m.table.weight, 1e-6, 8
     gates = []
     for b in range(2):
@@ -253,7 +261,7 @@ def test_output_equals_the_float64_formula():
             gates.append(alpha)
             torch.testing.assert_close(delta[b, t], alpha * v, rtol=1e-12, atol=1e-14)
     assert max(gates) - min(gates) > 0.2  # the gate varies: not a constant 1/2
-    assert stats.arms == 2 * 5 * 6 and int(stats.rows) == table_rows_touched(keys, 13).numel()
+    assert stats.arms == 2 * 5 * 6 and stats.rows == table_rows_touched(keys, 13).numel()
 
 
 def test_gradients_reach_the_looked_up_rows_only_and_every_other_parameter():
@@ -263,7 +271,7 @@ def test_gradients_reach_the_looked_up_rows_only_and_every_other_parameter():
         x = byte_ids(2, 9, seed=5)
         h = randn(2, 9, 8, seed=6).requires_grad_()
         keys = m.keys(x)
-        delta, _ = m(h, keys)
+        delta, _, _ = m(h, keys)
         (delta * randn(2, 9, 8, seed=7)).sum().backward()
         grad = m.table.weight.grad
         assert grad.is_sparse == sparse_grad
@@ -271,7 +279,7 @@ def test_gradients_reach_the_looked_up_rows_only_and_every_other_parameter():
         nonzero = dense.ne(0).any(1).nonzero().squeeze(1)
         assert torch.equal(nonzero, table_rows_touched(keys, 40))
         assert 0 < nonzero.numel() <= 2 * 9 * 6
-        for name in ("w_k.weight", "w_v.weight", "key_norm.weight", "hidden_norm.weight"):
+        for name in ("w_k.weight", "w_v.weight", "key_norm.weight", "hidden_norm.weight", "conv.weight"):
             g = m.get_parameter(name).grad
             assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, (sparse_grad, name)
         assert h.grad.abs().sum() > 0  # the gate reads the hidden state
@@ -281,34 +289,136 @@ def test_gradients_reach_the_looked_up_rows_only_and_every_other_parameter():
 
 def test_a_decode_position_equals_the_full_forward():
     m = make(rows=64, d=8)
-    x = byte_ids(3, 7, seed=8)
-    h = randn(3, 7, 8, seed=9)
     with torch.no_grad():
-        full, full_stats = m(h, m.keys(x))
-        window = m.empty_window(3)
-        for t in range(7):
+        m.conv.weight.mul_(50)  # conv taps of O(1), so a wrong conv tail would show
+    x = byte_ids(3, 13, seed=8)
+    h = randn(3, 13, 8, seed=9)
+    with torch.no_grad():
+        full, full_stats, _ = m(h, m.keys(x))
+        window, tail = m.empty_window(3), None
+        for t in range(13):
             keys, window = m.step_keys(window, x[:, t])
-            one, stats = m(h[:, t], keys)
-            assert one.shape == (3, 8)
-            torch.testing.assert_close(one, full[:, t], rtol=1e-6, atol=1e-7)
-            assert stats.arms == 3 * 6 and 0 < int(stats.rows) <= 18
-    assert full_stats.arms == 3 * 7 * 6
+            one, stats, tail = m(h[:, t], keys, tail)
+            assert one.shape == (3, 8) and tail.shape == (3, 3 * 3, 8)  # (kernel − 1) · max(orders) values
+            torch.testing.assert_close(one, full[:, t], rtol=0, atol=1e-6)
+            assert stats.arms == 3 * 6 and 0 < stats.rows <= 18
+        fresh, _, _ = m(h[:, 12], keys)  # the last position without its tail: the conv really carries state
+        assert (fresh - full[:, 12]).abs().max() > 1e-2
+    assert full_stats.arms == 3 * 13 * 6
 
 
 def test_stats_count_distinct_rows_and_lookups():
     m = make(rows=1000, orders=(1, 2), heads=1)
     x = torch.tensor([list(b"aaaaaa")])
-    _, stats = m(torch.zeros(1, 6, 8), m.keys(x))
+    _, stats, _ = m(torch.zeros(1, 6, 8), m.keys(x))
     # order 1: 'a' six times -> 1 row; order 2: (PAD,a) once and (a,a) five times -> 2 rows.
-    assert (int(stats.rows), stats.arms, str(stats)) == (3, 12, "3/12")
-    total = stats + stats
-    assert str(total) == "6/24"
-    _, empty = m(torch.zeros(1, 0, 8), m.keys(torch.zeros(1, 0, dtype=torch.int64)))
+    assert (stats.rows, stats.arms, str(stats)) == (3, 12, "3/12")
+    assert str(stats + stats) == "3/24"  # the same rows read twice are still 3 rows; 24 lookups
+    _, other, _ = m(torch.zeros(1, 3, 8), m.keys(torch.tensor([list(b"bab")])))
+    # 'b', 'a' (order 1: 'a' seen before), (PAD,b), (b,a), (a,b) (order 2: all new) -> 1 + 3 new rows
+    assert str(stats + other) == "7/18"
+    _, empty, _ = m(torch.zeros(1, 0, 8), m.keys(torch.zeros(1, 0, dtype=torch.int64)))
     assert str(empty) == "0/0"
+
+
+def test_stats_unite_rows_over_batches_and_add_memories():
+    # Two batches of the memory at layer 0 read rows {1, 2, 3} and {2, 3, 4} (with repeats); the
+    # memory at layer 1 has its own table, so its row 2 is another row.
+    first = EngramStats({0: torch.tensor([3, 1, 2, 3, 3])}, 5)
+    second = EngramStats({0: torch.tensor([4, 2, 2, 3])}, 4)
+    other_memory = EngramStats({1: torch.tensor([2, 2])}, 2)
+    assert (first.rows, second.rows, other_memory.rows) == (3, 3, 1)
+    total = first + second + other_memory
+    assert (total.rows, total.arms, str(total)) == (4 + 1, 11, "5/11")  # not 3 + 3 + 1 = 7
+    assert torch.equal(total.reads[0], torch.tensor([1, 2, 3, 4]))  # the union is kept, not every read
+
+
+# ---- the short conv ----
+
+
+def conv_reference(v, weight, gain, dilation, eps=1e-6):
+    """Y_t = v_t + SiLU(Σ_i w_i · RMSNorm(v)_{t − (k−1−i)·dilation}), zero before the start; one t at a time."""
+    n = v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps) * gain
+    k = weight.shape[-1]
+    out = torch.empty_like(v)
+    for t in range(v.shape[1]):
+        acc = torch.zeros_like(v[:, 0])
+        for i in range(k):
+            s = t - (k - 1 - i) * dilation
+            if s >= 0:
+                acc = acc + weight[:, 0, i] * n[:, s]
+        out[:, t] = v[:, t] + acc * torch.sigmoid(acc)
+    return out
+
+
+@torch.no_grad()
+def test_conv_equals_the_reference_loop_and_continues_from_its_tail():
+    conv = EngramConv(6, 4, 3, 1e-6).double()
+    conv.weight.copy_(randn(6, 1, 4, seed=11, dtype=F64))
+    conv.norm.weight.copy_(1 + 0.3 * randn(6, seed=12, dtype=F64))
+    v = randn(2, 17, 6, seed=13, dtype=F64)
+    want = conv_reference(v, conv.weight, conv.norm.weight, 3)
+    got, tail = conv(v, None)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(tail, v[:, -9:])  # the last (4 − 1) · 3 gated values
+    # Two calls (10 positions, then 7 from the tail) equal one call over all 17.
+    a, tail = conv(v[:, :10], None)
+    b, _ = conv(v[:, 10:], tail)
+    torch.testing.assert_close(torch.cat([a, b], 1), want, rtol=1e-12, atol=1e-12)
+    empty, same = conv(v[:, :0], tail)  # no positions (a decode prefill of memory slots): the tail is kept
+    assert empty.shape == (2, 0, 6) and torch.equal(same, tail)
+
+
+@torch.no_grad()
+def test_conv_output_at_t_reads_t_and_t_minus_multiples_of_the_dilation_only():
+    dilation, t_len = 3, 20
+    conv = EngramConv(4, 4, dilation, 1e-6).double()
+    conv.weight.copy_(randn(4, 1, 4, seed=14, dtype=F64))
+    v = randn(1, t_len, 4, seed=15, dtype=F64)
+    base, _ = conv(v, None)
+    for s in range(t_len):
+        moved = v.clone()
+        moved[:, s] += 1.0
+        out, _ = conv(moved, None)
+        changed = {t for t in range(t_len) if not torch.equal(out[:, t], base[:, t])}
+        assert changed == {t for t in (s, s + 3, s + 6, s + 9) if t < t_len}, s
+
+
+def test_the_module_applies_the_conv_to_the_gated_value():
+    m = make(rows=31, d=8)
+    plain = make(rows=31, d=8, conv=False)
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("conv.")})
+    with torch.no_grad():
+        m.conv.weight.mul_(30)
+        x, h = byte_ids(2, 11, seed=16), randn(2, 11, 8, seed=17)
+        gated, _, _ = plain(h, plain.keys(x))
+        delta, _, _ = m(h, m.keys(x))
+    assert m.conv.dilation == 3 and m.conv.size == 4  # dilation = max(orders) = 3
+    want = conv_reference(gated.double(), m.conv.weight.double(), m.conv.norm.weight.double(), 3)
+    torch.testing.assert_close(delta.double(), want, rtol=1e-5, atol=1e-6)
+    assert (delta - gated).abs().max() > 1e-3
+
+
+# ---- one memory per insertion layer ----
+
+
+def test_each_layer_hashes_with_seed_plus_10007_times_the_layer():
+    x = byte_ids(2, 20, seed=18)
+    at0, at2 = make(seed=5, layer=0), make(seed=5, layer=2)
+    assert (at0.hash_seed, at2.hash_seed) == (5, 5 + 2 * 10007)
+    assert torch.equal(at0.keys(x), engram_keys(x, (1, 2, 3), 2, 50, 5))
+    assert torch.equal(at2.keys(x), engram_keys(x, (1, 2, 3), 2, 50, 20019))
+    assert hash_params((1, 2, 3), 2, 50, 20019)[0] != hash_params((1, 2, 3), 2, 50, 5)[0]
+    assert (at0.keys(x)[..., 2:] != at2.keys(x)[..., 2:]).float().mean() > 0.9  # orders ≥ 2: other rows
+    assert at0.fingerprint() != at2.fingerprint()
+    _, stats, _ = at2(randn(2, 20, 8), at2.keys(x))
+    assert set(stats.reads) == {2}  # stats name the memory by its layer
 
 
 def test_keys_must_match_the_module():
     m = make()
+    with pytest.raises(ValueError, match="must be >= 0"):
+        make(layer=-1)
     with pytest.raises(ValueError, match="6 arms"):
         m(torch.zeros(1, 3, 8), torch.zeros(1, 3, 5, dtype=torch.int64))
     with pytest.raises(TypeError, match="int64"):
@@ -329,4 +439,30 @@ def test_the_table_routes_to_the_sparse_group_even_after_a_copy():
         groups = {g.name: [n for n, _ in g.params] for g in route(model)}
         assert groups["sparse"] == ["table.weight"]
         assert sorted(groups["matrices"]) == ["w_k.weight", "w_v.weight"]
-        assert sorted(groups["adamw_no_decay"]) == ["hidden_norm.weight", "key_norm.weight"]
+        no_decay = ["conv.norm.weight", "conv.weight", "hidden_norm.weight", "key_norm.weight"]
+        assert sorted(groups["adamw_no_decay"]) == no_decay
+
+
+# ---- the eval line's engram=<rows>/<arms> ----
+
+
+def test_the_eval_counts_rows_distinct_over_the_whole_pass(tmp_path):
+    (tmp_path / "text.txt").write_bytes(b"ab" * 64)
+    prepare([tmp_path / "text.txt"], tmp_path / "corpus", heldout_tail=0.5)  # held out: "abab…", 64 bytes
+    model_cfg = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16}
+    engram_cfg = {"engram_orders": "1,2", "engram_heads": 1, "engram_rows": 1009, "engram_layers": "0,1"}
+    cfg = config.resolve(config.build("nano", {"model": {**model_cfg, **engram_cfg}}), cuda_available=False)
+    held = heldout_score(
+        DormouseLM(cfg.model),
+        load_corpus(tmp_path / "corpus"),
+        seq_len=8,
+        batch_size=1,
+        eval_bytes=16,
+        device="cpu",
+        autocast=contextlib.nullcontext,
+    )
+    # Two batches, each the window "abababab". Per memory, order 1 reads 'a', 'b' and order 2 reads
+    # (PAD,a), (a,b), (b,a): 5 rows, the same 5 in both batches. Two memories (layers 0 and 1), each
+    # with its own table: 10 rows over the pass (a sum over batches would say 20). Lookups: 16 scored
+    # positions × 2 arms × 2 memories = 64.
+    assert held.bytes == 16 and held.engram == "10/64"

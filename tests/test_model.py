@@ -1,3 +1,5 @@
+import copy
+import dataclasses
 import itertools
 import math
 
@@ -67,10 +69,22 @@ def test_every_parameter_gets_a_finite_nonzero_gradient(arm):
         assert out.aux == {} and torch.equal(out.loss, out.ce)
 
 
+@torch.no_grad()
+def loud_engram(model: DormouseLM) -> DormouseLM:
+    """Engram tables and conv taps of O(1) (init: 0.02), so the memories move the logits well above the
+    decode tolerance and a wrong key, gate or conv tail would show."""
+    for memory in model.engram.values():
+        memory.table.weight.mul_(50)
+        if memory.conv is not None:
+            memory.conv.weight.mul_(50)
+    return model
+
+
 @pytest.mark.parametrize("arm", ARMS, ids=arm_id)
 def test_step_by_step_decoding_equals_the_full_forward(arm):
     mixer, experts, attn_res, memory = arm
-    model = DormouseLM(tiny(mixer, experts, attn_res, memory)).eval()
+    # Engram memories at both block layers, each with its short conv (the default).
+    model = loud_engram(DormouseLM(tiny(mixer, experts, attn_res, memory, engram_layers="0,1"))).eval()
     x = ids(2, 21)  # not a multiple of the chunk
     full = model(x).logits
     cache = model.new_cache(2)
@@ -148,16 +162,60 @@ def test_moe_with_one_expert_is_exactly_dense():
 
 
 def test_the_engram_memory_is_consulted_on_every_path():
-    model = DormouseLM(tiny()).eval()
+    model = DormouseLM(tiny(engram_layers="0,1")).eval()
     x = ids(2, 24)
-    assert model(x).engram.rows > 0 and model(x).engram.arms == 2 * 24 * 6
+    stats = model(x).engram
+    assert set(stats.reads) == {0, 1} and 0 < stats.rows <= stats.arms == 2 * 2 * 24 * 6  # 2 memories
     cache = model.new_cache(2)
     for t in range(5):
-        before, _ = model.step(x[:, t], cache)
-        with torch.no_grad():
-            model.engram.table.weight.add_(1.0)
-        after, cache = model.step(x[:, t], cache)
-        with torch.no_grad():
-            model.engram.table.weight.sub_(1.0)
-        assert not torch.allclose(before, after)  # decode reads the table too
+        for memory in model.engram.values():
+            before, _ = model.step(x[:, t], cache)
+            with torch.no_grad():
+                memory.table.weight.add_(1.0)
+            after, _ = model.step(x[:, t], cache)
+            with torch.no_grad():
+                memory.table.weight.sub_(1.0)
+            assert not torch.allclose(before, after)  # decode reads every memory's table too
+        _, cache = model.step(x[:, t], cache)
     assert DormouseLM(tiny(engram=False))(x).engram is None
+
+
+def test_each_memory_sits_at_its_layer_with_its_own_hash_seed():
+    model = DormouseLM(tiny(engram_layers="1", engram_conv=False), seed=3)
+    assert list(model.engram) == ["1"] and model.engram["1"].hash_seed == 3 + 10007
+    assert model.engram["1"].conv is None
+    two = DormouseLM(tiny(engram_layers="0,1"), seed=3)
+    assert [m.hash_seed for m in two.engram.values()] == [3, 3 + 10007]
+    assert two.engram_fingerprint() != DormouseLM(tiny(engram_layers="0"), seed=3).engram_fingerprint()
+    with torch.no_grad():
+        moved = loud_engram(DormouseLM(tiny(engram_layers="1"), seed=3)).eval()
+        zeroed = copy.deepcopy(moved)
+        zeroed.engram["1"].w_v.weight.zero_()  # this memory adds exactly nothing
+        a, b = first_iteration_inputs(moved, ids(2, 24)), first_iteration_inputs(zeroed, ids(2, 24))
+    # The memory joins layer 1's input: layer 0 sees no difference, layer 1 does.
+    assert torch.equal(a[0], b[0]) and not torch.allclose(a[1], b[1])
+
+
+def first_iteration_inputs(model: DormouseLM, x: torch.Tensor) -> list[torch.Tensor]:
+    """The input of each block layer in the first loop iteration of model(x)."""
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda mod, args: seen.append(args[0])) for layer in model.layers]
+    model(x)
+    for hook in hooks:
+        hook.remove()
+    return seen[: len(model.layers)]
+
+
+def test_decode_carries_each_memorys_conv_tail():
+    model = loud_engram(DormouseLM(tiny(engram_layers="0,1"))).eval()
+    x = ids(2, 12)
+    full = model(x).logits
+    cache = model(x[:, :9], cache=model.new_cache(2), return_cache=True).cache
+    # Orders 2,3,4: dilation 4, so each tail holds the last (4 − 1) · 4 = 12 gated values (zeros before byte 0).
+    assert {j: tuple(t.shape) for j, t in cache.engram.conv.items()} == {0: (2, 12, 32), 1: (2, 12, 32)}
+    logits, _ = model.step(x[:, 9], cache)
+    assert torch.allclose(logits, full[:, 9], atol=1e-5, rtol=0)
+    for j in (0, 1):  # forget one memory's tail: the next byte's logits move
+        forgot = dataclasses.replace(cache.engram, conv={**cache.engram.conv, j: None})
+        logits, _ = model.step(x[:, 9], dataclasses.replace(cache, engram=forgot))
+        assert (logits - full[:, 9]).abs().max() > 1e-3, j

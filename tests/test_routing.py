@@ -199,11 +199,13 @@ SMALL_LAYER = {
 SMALL = {
     "embed.weight": "adamw_decay",
     "final_norm.weight": "adamw_no_decay",
-    "engram.table.weight": "sparse",
-    "engram.w_k.weight": "matrices",
-    "engram.w_v.weight": "matrices",
-    "engram.key_norm.weight": "adamw_no_decay",
-    "engram.hidden_norm.weight": "adamw_no_decay",
+    "engram.0.table.weight": "sparse",
+    "engram.0.w_k.weight": "matrices",
+    "engram.0.w_v.weight": "matrices",
+    "engram.0.key_norm.weight": "adamw_no_decay",
+    "engram.0.hidden_norm.weight": "adamw_no_decay",
+    "engram.0.conv.weight": "adamw_no_decay",
+    "engram.0.conv.norm.weight": "adamw_no_decay",
 } | {f"layers.{i}.{name}": group for i in range(4) for name, group in SMALL_LAYER.items()}
 
 

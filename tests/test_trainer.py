@@ -6,6 +6,7 @@ import math
 import re
 
 import pytest
+import safetensors.torch
 import torch
 
 from dormouse import checkpoint, config, rng
@@ -188,6 +189,45 @@ def test_inspect_a_run_prints_its_checkpoints_and_plots(corpus, tmp_path, capsys
     assert main(["inspect", str(corpus.root), "--plot"]) == 2
 
 
+def test_the_tables_optimizer_state_is_in_the_engram_file_not_in_optimizer_pt(corpus, tmp_path):
+    trainer = fresh(tiny_config(engram={"engram_layers": "0,1"}, steps=3, eval_every=3), corpus, tmp_path / "r")
+    trainer.run_loop()
+    path = checkpoint.load(tmp_path / "r", "last").path
+    saved = torch.load(path / "optimizer.pt", weights_only=True)["state"]
+    names = ["engram.0.table.weight", "engram.1.table.weight"]
+    fields = ("exp_avg", "exp_avg_sq", "step")
+    assert saved["sparse"]["state"] == {}  # optimizer.pt keeps the sparse group's hyperparameters only
+    assert saved["sparse_tensors"] == [f"{n}.{f}" for n in names for f in fields]
+    table_rows = 6 * 1024  # arms × engram_rows
+    assert not [t.shape for t in tensors_in(saved) if t.ndim and t.shape[0] == table_rows]
+    held = safetensors.torch.load_file(path / "engram.safetensors")
+    assert sorted(held) == sorted(names + [f"optimizer/{n}.{f}" for n in names for f in fields])
+    live = trainer.opt.optimizers["sparse"]
+    for name in names:
+        table = trainer.model.get_parameter(name)
+        assert torch.equal(held[name], table.detach())
+        for f in fields:
+            assert torch.equal(held[f"optimizer/{name}.{f}"], live.state[table][f]), (name, f)
+        steps = live.state[table]["step"]
+        # 3 steps of 4 × 32 bytes: the rows read have been updated 1..3 times, the rest never.
+        assert steps.max() == 3 and 0 < int((steps > 0).sum()) <= 3 * 4 * 32 * 6
+        assert torch.equal(live.state[table]["exp_avg"].ne(0).any(1), steps > 0)  # moments only where updated
+    # Without its table state a checkpoint is refused (never fresh moments).
+    ck = checkpoint.load(tmp_path / "r", "last")
+    with pytest.raises(DormouseError, match="the tables' file holds"):
+        trainer.opt.load_split_state_dict(ck.optimizer_state, {})
+
+
+def tensors_in(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_in(v)]
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in tensors_in(v)]
+    return []
+
+
 def test_engram_on_every_eval_line_and_off_when_turned_off(corpus, tmp_path):
     on = fresh(tiny_config(steps=2, eval_every=1), corpus, tmp_path / "on")
     on.run_loop()
@@ -212,7 +252,8 @@ def test_engram_on_every_eval_line_and_off_when_turned_off(corpus, tmp_path):
 
     before = score()
     with torch.no_grad():
-        on.model.engram.table.weight.zero_()
+        for memory in on.model.engram.values():
+            memory.table.weight.zero_()
     assert score() != before
     # A checkpoint whose engram file is gone is refused, naming it: never fresh rows.
     last = checkpoint.load(tmp_path / "on", "last").path

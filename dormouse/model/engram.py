@@ -8,7 +8,12 @@ Reference sheet: /work/shared/reference/components.md §2. Three parts, each wit
 2. **Tables**: one `nn.Embedding(arms · rows, dim)`; arm `a` owns rows `[a·rows, (a+1)·rows)`
    (`global_rows`). Updated row-wise by `dormouse.train.sparse.SparseRowAdam` (declared "sparse").
 3. **Fusion** (`Engram.forward`): the arms' vectors, concatenated, are projected to a value and a key;
-   the key is gated against the hidden state; the gated value is what the caller adds to the residual.
+   the key is gated against the hidden state; the gated value, through the short conv
+   (`EngramConv`), is what the caller adds to the residual.
+
+A model may insert one `Engram` at each of several block layers (as the demo's `layer_ids`); each has
+its own tables, projections, gate and conv, and hashes with its own seed `seed + 10007 · layer`
+(`hash_seed`), so its multipliers differ from every other layer's.
 
 Hash formula (the contract; tests/test_engram.py recomputes it with a loop over positions)
 -------------------------------------------------------------------------------------------
@@ -47,6 +52,7 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dormouse import rng
@@ -250,36 +256,90 @@ def table_rows_touched(keys: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.unique(global_rows(keys, rows).reshape(-1), sorted=True)
 
 
-def count_rows_touched(keys: torch.Tensor, rows: int) -> torch.Tensor:
-    """`table_rows_touched(keys, rows).numel()` as a 0-dim int64 tensor, computed without a host sync."""
-    flat = global_rows(keys, rows).reshape(-1)
-    if flat.numel() == 0:
-        return torch.zeros((), dtype=torch.int64, device=keys.device)
-    s = flat.sort().values
-    return (s[1:] != s[:-1]).sum() + 1
-
-
 @dataclass
 class EngramStats:
-    """What one or more Engram calls looked up, for the eval line's `engram=<rows>/<arms>`.
+    """What engram lookups read, for the eval line's `engram=<rows>/<arms>`.
 
-    rows  distinct table rows read by the call (`count_rows_touched`: rows of the whole arms·rows table,
-          so the same key in two arms counts twice). Summed over calls when stats are added, so an
-          eval's `rows` is Σ over its batches of per-batch distinct rows (not distinct over the eval).
-          A 0-dim int64 tensor (no host sync in the forward); `str()` reads it.
-    arms  (position, arm) lookups made: positions × arms (B·T·arms for a sequence, B·arms for a step).
+    reads  {insertion layer: the rows of that memory's table it read, int64 [n] (`global_rows`, the
+           same row may repeat)}: one entry per memory, since each memory has its own table.
+    arms   (position, arm) lookups made, over every memory (positions × arms per memory).
 
-    So 0 < rows ≤ arms whenever the memory ran on at least one position; rows = 0 means it did not.
+    `rows` = Σ over memories of the distinct rows of its table that were read (the same key in two
+    arms is two rows). Adding stats (two memories of one forward, or the batches of an eval) unites
+    the reads memory by memory, so over an eval pass a row read by several batches counts once;
+    `arms` adds up. So 0 < rows ≤ arms whenever a memory ran on at least one position. The forward
+    only keeps the row ids it looked up; the distinct count is taken when `rows` is read.
     """
 
-    rows: torch.Tensor
+    reads: dict[int, torch.Tensor]
     arms: int
 
+    @property
+    def rows(self) -> int:
+        return sum(torch.unique(r).numel() for r in self.reads.values())
+
     def __add__(self, other: "EngramStats") -> "EngramStats":
-        return EngramStats(self.rows + other.rows.to(self.rows.device), self.arms + other.arms)
+        reads = dict(self.reads)
+        for layer, rows in other.reads.items():
+            mine = reads.get(layer)
+            # Keep the union only: memory stays bounded by the distinct rows, however long the eval.
+            reads[layer] = rows if mine is None else torch.unique(torch.cat([mine, rows.to(mine.device)]))
+        return EngramStats(reads, self.arms + other.arms)
 
     def __str__(self) -> str:
-        return f"{int(self.rows)}/{self.arms}"
+        return f"{self.rows}/{self.arms}"
+
+
+# ---- the short conv ------------------------------------------------------------------------------------
+
+CONV_SIZE = 4  # the reference's kernel
+LAYER_SEED_STRIDE = 10007  # the demo's per-layer hash seed: seed + 10007 · layer
+
+
+class EngramConv(nn.Module):
+    """The reference's short conv after the gate: `Y = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))`.
+
+    Depthwise over the d channels, kernel `size`, dilation `dilation` (max(orders) in the model),
+    causal: with n = RMSNorm(ṽ) and w = weight[:, 0, :],
+
+        Y_t = ṽ_t + SiLU( Σ_{i<size} w_i ⊙ n_{t − (size−1−i)·dilation} )      n_s = 0 for s < 0
+
+    so Y_t reads ṽ at t, t − dilation, …, t − (size−1)·dilation only. A position before the sequence
+    start reads zero: the demo's zero left padding (RMSNorm(0) = 0, so a zero ṽ is that padding).
+    Decode carries the tail: the last (size−1)·dilation gated values ṽ.
+    Init: weight N(0, 0.02), so Y ≈ ṽ at first; RMSNorm gain 1.
+    """
+
+    def __init__(self, channels: int, size: int, dilation: int, eps: float):
+        super().__init__()
+        self.size, self.dilation = size, dilation
+        self.norm = RMSNorm(channels, eps)
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))  # a depthwise conv filter [C, 1, k]
+
+    @property
+    def tail_len(self) -> int:
+        return (self.size - 1) * self.dilation
+
+    def forward(self, v: torch.Tensor, tail: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """v [B, T, C] gated values, tail [B, tail_len, C] of the positions before (None: the sequence
+        start) -> (Y [B, T, C], the new tail)."""
+        if tail is None:
+            tail = v.new_zeros(v.shape[0], self.tail_len, v.shape[-1])
+        ctx = torch.cat([tail.to(v.dtype), v], dim=1)
+        n, w, t_len = self.norm(ctx), self.weight.to(v.dtype), v.shape[1]
+        # The taps as shifted views: exactly the formula above, and T = 0 (a decode prefill of
+        # memory slots, no bytes) needs no special case.
+        y = sum(n[:, i * self.dilation : i * self.dilation + t_len] * w[:, 0, i] for i in range(self.size))
+        return v + F.silu(y), ctx[:, ctx.shape[1] - self.tail_len :]
+
+
+@dataclass(frozen=True)
+class EngramCache:
+    """Decode state of a model's engram memories: the byte window (one for all of them: they hash the
+    same bytes) and each memory's conv tail by insertion layer (absent or None: the sequence start)."""
+
+    window: EngramWindow
+    conv: dict[int, torch.Tensor | None]
 
 
 # ---- the module ------------------------------------------------------------------------------------------
@@ -294,15 +354,20 @@ class Engram(nn.Module):
         k = W_K e,  v = W_V e                       W_K, W_V: bias-free Linear(arms·dim → d)
         s = <RMSNorm_k(k), RMSNorm_h(h)> / sqrt(d)  (two RMSNorms with their own gains; s in fp32 at least)
         α = σ(s)                                    the paper's gate
-        delta = α · v
+        ṽ = α · v
+        delta = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))  with `conv` (EngramConv: kernel 4, dilation
+                                                    max(orders)); delta = ṽ without
 
     Not taken: the demo's signed square root of the logit, `σ(sign(s)·sqrt(max(|s|, 1e−6)))` (in
-    deepseek-ai/Engram's engram_demo_v1.py, not in the paper's equation). Not implemented yet: the
-    reference's short conv `Y = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))` (kernel 4, dilation max(orders)),
-    nor hyper-connection branches (M = 1 here). The tokenizer compression of the paper is the
-    identity here (bytes are not case-folded).
+    deepseek-ai/Engram's engram_demo_v1.py, not in the paper's equation). Not implemented: the
+    hyper-connection branches (M = 1 here). The tokenizer compression of the paper is the identity
+    here (bytes are not case-folded).
 
-    Init (from `generator`, in this order): table N(0, 0.02), W_K, W_V N(0, 0.02); RMSNorm gains 1.
+    `layer` is the block layer the memory feeds; the keys hash with `hash_seed = seed + 10007·layer`
+    (the demo's per-layer seed), so memories at different layers address their tables differently.
+
+    Init (from `generator`, in this order): table N(0, 0.02), W_K, W_V N(0, 0.02), conv weight
+    N(0, 0.02); RMSNorm gains 1.
     The table is declared `_dormouse_route = "sparse"` on its module (routing.py honours module
     declarations; they survive copies). With `sparse_grad=True` (default) its gradient is a sparse
     COO tensor with one entry per lookup, so backward and the optimizer cost O(lookups), not O(table);
@@ -310,9 +375,10 @@ class Engram(nn.Module):
     dormouse.train.sparse.clip_grad_norm_ and SparseRowAdam). With `sparse_grad=False` the gradient is
     a dense table-sized tensor (O(table) per step).
 
-    `forward(h, keys)`: h [B, T, d] with keys [B, T, arms] (from `self.keys`/`engram_keys`), or one
-    decode position h [B, d] with keys [B, arms] (from `self.step_keys`). Returns (delta shaped like h,
-    EngramStats).
+    `forward(h, keys, conv_tail)`: h [B, T, d] with keys [B, T, arms] (from `self.keys`/`engram_keys`),
+    or one decode position h [B, d] with keys [B, arms] (from `self.step_keys`); `conv_tail` continues
+    the conv of earlier positions (None: the sequence start). Returns (delta shaped like h,
+    EngramStats, the conv's new tail or None without the conv).
     """
 
     def __init__(
@@ -325,12 +391,18 @@ class Engram(nn.Module):
         d_model: int,
         seed: int,
         generator: torch.Generator,
+        layer: int = 0,
+        conv: bool = True,
         eps: float = 1e-6,
         sparse_grad: bool = True,
     ):
         super().__init__()
-        self.orders = _check_config(orders, heads, rows, seed)
-        self.heads, self.rows, self.dim, self.d_model, self.seed = heads, rows, dim, d_model, seed
+        if layer < 0:
+            raise ValueError(f"engram layer must be >= 0, got {layer}")
+        self.hash_seed = seed + LAYER_SEED_STRIDE * layer
+        self.orders = _check_config(orders, heads, rows, self.hash_seed)
+        self.heads, self.rows, self.dim, self.d_model = heads, rows, dim, d_model
+        self.seed, self.layer = seed, layer
         self.arms = len(self.orders) * heads
         if dim < 1 or d_model < 1:
             raise ValueError(f"engram dim and d_model must be >= 1, got dim={dim} d_model={d_model}")
@@ -341,6 +413,7 @@ class Engram(nn.Module):
         self.w_v = linear(self.arms * dim, d_model)
         self.key_norm = RMSNorm(d_model, eps)
         self.hidden_norm = RMSNorm(d_model, eps)
+        self.conv = EngramConv(d_model, CONV_SIZE, max(self.orders), eps) if conv else None
         self.reset_parameters(generator)
 
     def reset_parameters(self, gen: torch.Generator) -> None:
@@ -349,28 +422,36 @@ class Engram(nn.Module):
         normal_init_(self.w_v.weight, gen)
         self.key_norm.reset_parameters()
         self.hidden_norm.reset_parameters()
+        if self.conv is not None:
+            normal_init_(self.conv.weight, gen)
+            self.conv.norm.reset_parameters()
 
     def extra_repr(self) -> str:
-        return f"orders={self.orders}, heads={self.heads}, rows={self.rows}, dim={self.dim}, seed={self.seed}"
+        return (
+            f"layer={self.layer}, orders={self.orders}, heads={self.heads}, rows={self.rows}, dim={self.dim}, "
+            f"hash_seed={self.hash_seed}"
+        )
 
     # The key function with this module's configuration (so a model cannot hash with another one).
 
     def keys(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return engram_keys(input_ids, self.orders, self.heads, self.rows, self.seed)
+        return engram_keys(input_ids, self.orders, self.heads, self.rows, self.hash_seed)
 
     def empty_window(self, batch_size: int, device: torch.device | str = "cpu") -> EngramWindow:
         return EngramWindow.empty(batch_size, self.orders, device)
 
     def step_keys(self, window: EngramWindow, byte: torch.Tensor) -> tuple[torch.Tensor, EngramWindow]:
-        return engram_keys_step(window, byte, self.orders, self.heads, self.rows, self.seed)
+        return engram_keys_step(window, byte, self.orders, self.heads, self.rows, self.hash_seed)
 
     def continue_keys(self, window: EngramWindow, input_ids: torch.Tensor) -> tuple[torch.Tensor, EngramWindow]:
-        return engram_keys_continue(window, input_ids, self.orders, self.heads, self.rows, self.seed)
+        return engram_keys_continue(window, input_ids, self.orders, self.heads, self.rows, self.hash_seed)
 
     def fingerprint(self) -> str:
-        return key_fingerprint(self.orders, self.heads, self.rows, self.seed)
+        return key_fingerprint(self.orders, self.heads, self.rows, self.hash_seed)
 
-    def forward(self, h: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, EngramStats]:
+    def forward(
+        self, h: torch.Tensor, keys: torch.Tensor, conv_tail: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, EngramStats, torch.Tensor | None]:
         if keys.dtype != torch.int64:
             raise TypeError(f"engram keys must be int64, got {keys.dtype}")
         if keys.shape != (*h.shape[:-1], self.arms) or h.shape[-1] != self.d_model:
@@ -385,5 +466,9 @@ class Engram(nn.Module):
         dt = torch.promote_types(v.dtype, torch.float32)
         s = (self.key_norm(k).to(dt) * self.hidden_norm(h).to(dt)).sum(-1, keepdim=True) / self.d_model**0.5
         delta = torch.sigmoid(s).to(v.dtype) * v
-        stats = EngramStats(count_rows_touched(keys, self.rows), keys.numel())
-        return delta.to(h.dtype), stats
+        if self.conv is not None:
+            one = h.ndim == 2  # a decode position: the conv runs over time, so give it a time axis
+            delta, conv_tail = self.conv(delta[:, None] if one else delta, conv_tail)
+            delta = delta[:, 0] if one else delta
+        stats = EngramStats({self.layer: idx.reshape(-1)}, keys.numel())
+        return delta.to(h.dtype), stats, conv_tail

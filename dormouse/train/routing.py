@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from dormouse.errors import CheckpointError
 from dormouse.train.optim import NesterovSinkhorn
 from dormouse.train.sparse import SparseRowAdam
 
@@ -153,6 +154,8 @@ class Optimizers:
     dict carries the optimizer state (moments, step counts) and the group layout, which a load checks;
     hyperparameters (lr, betas, weight decay) come from the config this object was built with. Like
     torch's, the state dict holds references to live tensors: serialise it before stepping again.
+    A checkpoint uses `split_state_dict`: the sparse tables' per-row state goes apart, to travel with
+    the tables.
     """
 
     def __init__(self, groups: list[Group], optimizers: dict[str, torch.optim.Optimizer], base_lr: dict[str, float]):
@@ -184,12 +187,52 @@ class Optimizers:
     def state_dict(self) -> dict:
         return {"layout": self.layout(), **{k: opt.state_dict() for k, opt in self.optimizers.items()}}
 
-    def load_state_dict(self, state: dict) -> None:
+    def split_state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """`state_dict()` without the sparse tables' per-row state, and that state on its own.
+
+        The row-wise moments and step counts are as large as the tables, so they travel with them (the
+        engram file) rather than in optimizer.pt: returns (the rest, {"<param name>.<key>": tensor}).
+        The rest lists the keys it left out under "sparse_tensors", so a load without them is refused.
+        """
+        state = self.state_dict()
+        if "sparse" not in state:
+            return state, {}
+        names = self._names("sparse")
+        sparse = state["sparse"]
+        tensors = {f"{names[i]}.{key}": t for i, per_row in sparse["state"].items() for key, t in per_row.items()}
+        return {**state, "sparse": {**sparse, "state": {}}, "sparse_tensors": sorted(tensors)}, tensors
+
+    def load_split_state_dict(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Load what `split_state_dict` returned (the tables' state read back from their file)."""
+        state = dict(state)
+        listed = state.pop("sparse_tensors", [])
+        if sorted(tensors) != listed:
+            raise CheckpointError(
+                f"the optimizer state lists sparse table state {listed}, the tables' file holds {sorted(tensors)}"
+            )
+        self._check_layout(state)
+        if tensors:
+            index = {name: i for i, name in enumerate(self._names("sparse"))}
+            per_param: dict[int, dict] = {}
+            for key, t in tensors.items():
+                name, field_name = key.rsplit(".", 1)
+                per_param.setdefault(index[name], {})[field_name] = t
+            state["sparse"] = {**state["sparse"], "state": per_param}
+        self.load_state_dict(state)
+
+    def _names(self, group: str) -> list[str]:
+        """The parameter names of one group, in its optimizer's order."""
+        return next(names for name, names in self.layout() if name == group)
+
+    def _check_layout(self, state: dict) -> None:
         if state.get("layout") != self.layout():
             raise ValueError(
                 f"optimizer state has group layout {_summary(state.get('layout'))}; "
                 f"this model routes to {_summary(self.layout())}"
             )
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_layout(state)
         for key, opt in self.optimizers.items():
             hparams = [{k: v for k, v in pg.items() if k != "params"} for pg in opt.param_groups]
             opt.load_state_dict(state[key])
