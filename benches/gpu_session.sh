@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
 # One device call on the lent H200: fla wheels from .whl/, the Triton cache carried in .triton-cache/
-# (split tgz), then the commands given as arguments; the grown Triton cache is packed back into $OUT.
+# (split tgz), then the commands given as arguments; $OUT/results.tgz brings back benches/history.tsv
+# and benches/logs/ (the rows `dormouse bench` appended there), fla's kernel choices ($OUT/fla-pin) and
+# whatever the commands wrote under $OUT.
 #   bash benches/gpu_session.sh "python3 benches/kda_gpu_gate.py --out \$OUT/gate.json" ...
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=/tmp/triton-cache FLA_CACHE_RESULTS=1
+# Every process that imports fla through dormouse writes its kernel choices here at exit (fla's format);
+# copy them to dormouse/model/fla_configs/<GPU>/ to refresh the committed pin.
+export DORMOUSE_FLA_DUMP="${DORMOUSE_FLA_DUMP:-$OUT/fla-pin}"
 mkdir -p "$TRITON_CACHE_DIR"
 if compgen -G ".triton-cache/tc.tgz.part_*" >/dev/null; then cat .triton-cache/tc.tgz.part_* | tar xz -C "$TRITON_CACHE_DIR"; fi
+# Commands share one deadline (GPU_SESSION_SECONDS, default 540) so that the packing below always runs
+# inside the device call's limit: each gets at most what is left, less 45 s for packing.
+deadline=$((SECONDS + ${GPU_SESSION_SECONDS:-540} - 45))
 status=0
 for cmd in "$@"; do
-  echo "== $cmd"
-  bash -c "$cmd" || status=$?
+  left=$((deadline - SECONDS))
+  if ((left < 5)); then echo "== skipped (deadline): $cmd"; status=124; continue; fi
+  echo "== [$SECONDS s, $left s left] $cmd"
+  timeout "$left" bash -c "$cmd" || status=$?
 done
-(cd "$TRITON_CACHE_DIR" && tar cz .) | split -b 15m - "$OUT/tc.tgz.part_"
+echo "== [$SECONDS s] packing"
+# The device tool returns at most 8 files: everything goes back as one results.tgz (the bench rows and
+# logs, fla's kernel choices, whatever the commands wrote under $OUT). The Triton cache does not come
+# back (over the size limit once it holds several dtypes): the committed pin replaces its tuning.
+cp benches/history.tsv "$OUT/history.tsv" && cp -r benches/logs "$OUT/bench-logs"
+tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"
 exit $status

@@ -1,22 +1,21 @@
-"""KDA GPU gate: fla's chunk_kda against the float64 recurrence, plus forward+backward timings.
+"""KDA GPU gate: fla's chunk_kda against the float64 recurrence (issue: KDA gate 5).
 
-On CUDA (the default) it compares, per dtype, the output, the final state and the gradients of
-q, k, v, g, beta and the initial state of `kda(..., backend="fla")` against `kda_recurrent` run in
-float64 on the same inputs upcast; prints the errors, a sha256 of fla's outputs and gradients (two
-processes can be compared bitwise), and the median forward+backward time of fla and of
-`kda_chunked`. With `--device cpu` it times `kda_chunked` (and the recurrence) only.
+For one dtype per process — bf16, fp32 (IEEE fp32 dots) or tf32 (Triton's TF32 dots), set through
+dormouse.model.precision before any kernel compiles — it compares the output, the final state and the
+gradients of q, k, v, g, beta and the initial state of `kda(..., backend="fla")` against
+`kda_recurrent` in float64 on the same inputs upcast, prints the errors and a sha256 of fla's outputs
+and gradients (run it in two processes to compare them bitwise), and writes a JSON report. Timings are
+`dormouse bench --op kda`, not this script.
 
-    python benches/kda_gpu_gate.py --out kda_gate.json                 # H200, fla installed
-    python benches/kda_gpu_gate.py --device cpu --out kda_cpu.json     # nano shape on the CPU
+    python benches/kda_gpu_gate.py --dtype bf16 --out gate-bf16.json     # on the H200, fla installed
 
-Error of a tensor: max|x - ref| / max|ref|. Exit status 1 when an error is over its tolerance.
-Needs torch, the dormouse package and, on CUDA, fla-core.
+Error of a tensor: max|x - ref| / max|ref| (gated), and ‖x − ref‖/‖ref‖ (reported). Exit status 1
+when an error is over its tolerance.
 """
 
 import argparse
 import hashlib
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,15 +24,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from dormouse import rng  # noqa: E402
-from dormouse.model.kda import kda, kda_chunked, kda_recurrent, l2norm  # noqa: E402
+from dormouse.model import fla_kernels, precision  # noqa: E402
+from dormouse.model.kda import kda, kda_recurrent  # noqa: E402
+from dormouse.tools.kda_op import forward_backward, make_inputs  # noqa: E402
 
-SHAPES = {"cuda": (10, 512, 8, 64), "cpu": (8, 256, 4, 32)}  # B, T, H, K (= V)
-# The issue's gate: 1e-2 (bf16) and 1e-3 (fp32 / tf32) on max|d|/max|ref|. Triton runs fp32 tl.dot in
-# TF32 by default on Hopper; fla's fp32 path measured 0.76e-3 (o) to 1.35e-3 (final state) on the H200
-# (benches/logs/2026-12-02-kda-gpu-gate/), so fp32 is over the gate: docs/known-issues.md.
-TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+SHAPE = (10, 512, 8, 64)  # B, T, H, K (= V): the issue's gate shape
+# The issue's gate on max|d|/max|ref|: 1e-2 (bf16), 1e-3 (fp32 / tf32).
+TOLERANCE = {"bf16": 1e-2, "fp32": 1e-3, "tf32": 1e-3}
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 NAMES = ("q", "k", "v", "g", "beta", "h0")
 
 
@@ -46,36 +44,14 @@ def norm_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).norm() / ref.norm()).item()
 
 
-def make_inputs(shape, dtype, device, seed=0):
-    """Leaf tensors q, k, v, g, beta, h0 as the layer hands them over: q, k normalised, g fp32 <= 0,
-    beta in (0, 1), an fp32 initial state; plus the output and state cotangents do, dS."""
-    B, T, H, K = shape
-    gen = rng.generator(seed, 0, "test")
-
-    def randn(*s):
-        return torch.randn(*s, generator=gen)
-
-    q, k = l2norm(randn(B, T, H, K)).to(dtype), l2norm(randn(B, T, H, K)).to(dtype)
-    v = randn(B, T, H, K).to(dtype)
-    g = -torch.nn.functional.softplus(randn(B, T, H, K))
-    beta = torch.rand(B, T, H, generator=gen).to(dtype)
-    h0 = randn(B, H, K, K)
-    do, dS = randn(B, T, H, K).to(dtype), randn(B, H, K, K)
-    leaves = [x.to(device).requires_grad_() for x in (q, k, v, g, beta, h0)]
-    return leaves, do.to(device), dS.to(device)
-
-
-def forward_backward(fn, leaves, do, dS, **kw):
-    """(o, final state, grads of the leaves) for loss = <o, do> + <S, dS>."""
-    o, S = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True, **kw)
-    grads = torch.autograd.grad((o * do.to(o.dtype)).sum() + (S * dS.to(S.dtype)).sum(), leaves)
-    return o.detach(), S.detach(), grads
-
-
-def compare_fla(dtype, shape=SHAPES["cuda"], seed=0):
-    """Errors of fla against the float64 recurrence, and a sha256 of fla's outputs and gradients."""
-    leaves, do, dS = make_inputs(shape, dtype, "cuda", seed)
+def compare_fla(dtype: str, shape=SHAPE, seed=0):
+    """Errors of fla against the float64 recurrence, and a sha256 of fla's outputs and gradients.
+    The caller has applied `precision.apply(dtype)` before the first kernel of this process compiled."""
+    leaves, do, dS = make_inputs(shape, TORCH_DTYPE[dtype], "cuda", seed)
+    start = time.perf_counter()
     o, S, grads = forward_backward(kda, leaves, do, dS, backend="fla")
+    torch.cuda.synchronize()
+    print(f"  fla forward+backward, first call (compiles and autotunes when cold): {time.perf_counter() - start:.1f} s")
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     o_ref, S_ref, ref_grads = forward_backward(kda_recurrent, ref_leaves, do.double(), dS.double())
     pairs = {"o": (o, o_ref), "final_state": (S, S_ref)}
@@ -88,82 +64,43 @@ def compare_fla(dtype, shape=SHAPES["cuda"], seed=0):
     return errors, norms, digest.hexdigest()
 
 
-def median_ms(fn, device, reps, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
-def time_impls(shape, dtype, device, reps, warmup):
-    leaves, do, dS = make_inputs(shape, dtype, device)
-    impls = {"chunked": lambda: forward_backward(kda_chunked, leaves, do, dS)}
-    if device == "cuda":
-        impls = {"fla": lambda: forward_backward(kda, leaves, do, dS, backend="fla")} | impls
-    else:
-        impls["recurrent"] = lambda: forward_backward(kda_recurrent, leaves, do, dS)
-    return {name: median_ms(fn, device, reps, warmup) for name, fn in impls.items()}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--dtypes", default="bf16,fp32", help="comma-separated, from: bf16, fp32")
-    p.add_argument("--shape", help="B,T,H,K (K = V); default 10,512,8,64 on cuda, 8,256,4,32 on cpu")
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--dtype", choices=sorted(TOLERANCE), required=True, help="one per process (see docstring)")
+    p.add_argument("--shape", help="B,T,H,K (K = V); default 10,512,8,64")
     p.add_argument("--out", required=True, help="path of the JSON report")
     args = p.parse_args()
 
-    shape = tuple(int(n) for n in args.shape.split(",")) if args.shape else SHAPES[args.device]
-    dtypes = [DTYPES[name] for name in args.dtypes.split(",")]
-    report = {
-        "device": args.device,
-        "shape_BTHK": shape,
-        "torch": torch.__version__,
-        "errors": {},
-        "tolerance": {},
-        "sha256": {},
-        "fwd_bwd_ms": {},
-        "reps": args.reps,
-    }
-    if args.device == "cuda":
-        from fla import __version__ as fla_version
+    shape = tuple(int(n) for n in args.shape.split(",")) if args.shape else SHAPE
+    precision_note = precision.apply(args.dtype)
+    print(f"{args.dtype}: {precision_note}; {fla_kernels.pin_note()}", flush=True)
+    errors, norms, digest = compare_fla(args.dtype, shape)
+    from fla import __version__ as fla_version
 
-        report |= {"gpu": torch.cuda.get_device_name(), "fla": fla_version}
-    failed = False
-    for dtype in dtypes:
-        name = str(dtype).removeprefix("torch.")
-        if args.device == "cuda":
-            errors, norms, digest = compare_fla(dtype, shape)
-            report["errors"][name], report["sha256"][name] = errors, digest
-            report.setdefault("norm_errors", {})[name] = norms
-            report["tolerance"][name] = TOLERANCE[dtype]
-            print(f"\n{name}: fla vs float64 recurrence (gate: max|d|/max|ref| <= {TOLERANCE[dtype]:g})")
-            print(f"  {'tensor':12s} {'max|d|/max|ref|':>16s} {'|d|/|ref|':>10s}")
-            for tensor, err in errors.items():
-                ok = err <= TOLERANCE[dtype]
-                failed |= not ok
-                print(f"  {tensor:12s} {err:16.3e} {norms[tensor]:10.3e}  {'ok' if ok else 'OVER'}")
-            print(f"  sha256 of fla outputs+grads: {digest}")
-        timings = time_impls(shape, dtype, args.device, args.reps, args.warmup)
-        report["fwd_bwd_ms"][name] = timings
-        print(f"{name}: fwd+bwd median of {args.reps} ms: " + ", ".join(f"{k} {v:.3f}" for k, v in timings.items()))
-        # Written after each dtype: a cold fla autotune can take minutes, and a killed run keeps what it had.
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    return 1 if failed else 0
+    tol = TOLERANCE[args.dtype]
+    print(f"{args.dtype}: fla vs float64 recurrence at B,T,H,K={shape} (gate: max|d|/max|ref| <= {tol:g})")
+    print(f"  {'tensor':12s} {'max|d|/max|ref|':>16s} {'|d|/|ref|':>10s}")
+    over = [t for t, e in errors.items() if e > tol]
+    for tensor, err in errors.items():
+        print(f"  {tensor:12s} {err:16.3e} {norms[tensor]:10.3e}  {'OVER' if tensor in over else 'ok'}")
+    print(f"  sha256 of fla outputs+grads: {digest}")
+    print(f"  kernel choices not from the pin: {fla_kernels.count_unpinned()}")
+    report = {
+        "dtype": args.dtype,
+        "precision": precision_note,
+        "pin": fla_kernels.pin_note(),
+        "shape_BTHK": shape,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "fla": fla_version,
+        "tolerance": tol,
+        "errors": errors,
+        "norm_errors": norms,
+        "sha256": digest,
+        "over": over,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if over else 0
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ class ModelConfig:
     conv_size: int = _f(4, "kernel of the short conv", lo=2, hi=8)
     gate_lower_bound: float = _f(-5.0, "lower bound of the KDA per-step log-decay", lo=-20.0, hi=0.0, lo_open=False)
     norm_eps: float = _f(1e-6, "RMSNorm epsilon", lo=0.0, hi=1e-2, lo_open=True)
+    norm_backend: str = _f(
+        "auto",
+        "RMSNorm path; auto = fla's fused kernel on CUDA, plain torch on CPU",
+        choices=("auto", "fused", "plain"),
+    )
     n_experts: int = _f(1, "FFN experts; 1 = the dense SwiGLU, >1 = top-k mixture of experts", lo=1, hi=64)
     experts_top_k: int = _f(1, "experts each byte is routed to (≤ n_experts)", lo=1)
     moe_balance_weight: float = _f(0.01, "weight of the experts' load-balancing term in the loss", lo=0.0)
@@ -61,7 +66,10 @@ class ModelConfig:
     engram_heads: int = _f(2, "independent hash functions per order (arms = orders × heads)", lo=1, hi=16)
     engram_rows: int = _f(16384, "table rows per arm", lo=1, hi=2**31)
     engram_dim: int = _f(32, "width of one arm's table row", lo=1, hi=1024)
-    engram_layer: int = _f(0, "block layer whose input (first loop iteration) receives the memory", lo=0)
+    engram_layers: str = _f(
+        "0", "block layers whose input (first loop iteration) gets a memory of its own, comma-separated"
+    )
+    engram_conv: bool = _f(True, "short causal conv after the engram gate (kernel 4, dilation max order)")
 
 
 @dataclass
@@ -78,7 +86,11 @@ class TrainConfig:
     weight_decay: float = _f(0.1, "AdamW weight decay on matrices (never on gains and biases)", lo=0.0)
     grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", lo=0.0)
     seed: int = _f(0, "seed of every random stream (rng.py)", lo=0)
-    dtype: str = _f("fp32", "compute dtype (bf16 = autocast)", choices=("fp32", "bf16"))
+    dtype: str = _f(
+        "fp32",
+        "compute dtype: fp32, tf32 (fp32 on TF32 tensor cores), bf16 (autocast); docs/glossary.md",
+        choices=("fp32", "tf32", "bf16"),
+    )
     device: str = _f("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     eval_every: int = _f(200, "steps between held-out evals", lo=1)
     eval_bytes: int = _f(0, "held-out bytes scored per eval; 0 = the whole held-out split", lo=0)
@@ -203,10 +215,7 @@ def validate(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
     if m.head_dim == 0 and m.d_model % m.n_heads:
         raise ConfigError(f"n_heads {m.n_heads} does not divide d_model {m.d_model} (or set head_dim)")
-    if m.engram_layer >= m.block_layers:
-        raise ConfigError(
-            f"engram_layer {m.engram_layer} is not a layer of the block; allowed [0, {m.block_layers - 1}]"
-        )
+    _check_engram_layers(m)
     orders = m.engram_orders.split(",")
     if not all(o.strip().isdigit() and 1 <= int(o) <= 16 for o in orders) or len(set(orders)) != len(orders):
         raise ConfigError(f"engram_orders {m.engram_orders!r}: distinct integers in 1..16, comma-separated")
@@ -221,6 +230,27 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
         )
+
+
+def engram_layers(m: ModelConfig) -> tuple[int, ...]:
+    """The block layers that get an engram memory, ascending (of a validated config)."""
+    return tuple(sorted(int(j) for j in _items(m.engram_layers)))
+
+
+def _items(text: str) -> list[str]:
+    """The comma-separated items of `text`, stripped; none for a blank text."""
+    return [j.strip() for j in text.split(",")] if text.strip() else []
+
+
+def _check_engram_layers(m: ModelConfig) -> None:
+    items = _items(m.engram_layers)
+    layers = [int(j) for j in items if j.isdigit()]
+    if len(layers) != len(items) or len(set(layers)) != len(layers) or any(j >= m.block_layers for j in layers):
+        raise ConfigError(
+            f"engram_layers {m.engram_layers!r}: distinct block layers in 0..{m.block_layers - 1}, comma-separated"
+        )
+    if m.engram and not layers:
+        raise ConfigError("engram_layers is empty while engram is on: name a block layer, or pass --no-engram")
 
 
 def _check_range(f: dataclasses.Field, value) -> None:
@@ -254,8 +284,8 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         t.device = "cuda" if cuda_available else "cpu"
     elif t.device == "cuda" and not cuda_available:
         raise ConfigError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
-    if t.dtype == "bf16" and t.device == "cpu":
-        raise ConfigError("dtype bf16 (autocast) is for CUDA; on cpu use --dtype fp32")
+    if t.dtype in ("bf16", "tf32") and t.device == "cpu":
+        raise ConfigError(f"dtype {t.dtype} is for CUDA; on cpu use --dtype fp32")
     if m.persistent_memory == "size-match":
         # Round the slots up so that slots + seq_len fill whole KDA chunks.
         m.memory_slots += -(m.memory_slots + t.seq_len) % m.kda_chunk_size
@@ -263,6 +293,9 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         from dormouse.model.kda import resolve_kda_backend  # the one policy; it raises through the ledger
 
         m.kda_backend = resolve_kda_backend(m.kda_backend, t.device)
+    from dormouse.model.norm import resolve_norm_backend  # raises through the ledger
+
+    m.norm_backend = resolve_norm_backend(m.norm_backend, t.device)
     return out
 
 

@@ -17,6 +17,7 @@ from dormouse import counters, ledger
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import DormouseError
+from dormouse.model import fla_kernels
 
 
 class NonFiniteError(DormouseError):
@@ -27,7 +28,7 @@ class NonFiniteError(DormouseError):
 class HeldOut:
     ce: float  # nats per byte
     bytes: int
-    engram: str = "off"  # rows/arms the engram memory looked up over the eval ("off": the arm is off)
+    engram: str = "off"  # distinct rows read / lookups over the whole eval, all memories ("off": arm off)
 
     @property
     def bpb(self) -> float:
@@ -45,8 +46,8 @@ def heldout_score(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_
         with autocast():
             out = model(x)
         logits = out.logits
-        if out.engram is not None:  # the same forward as training: the memory's keys come from x
-            engram = out.engram if engram is None else engram + out.engram
+        if out.engram is not None:  # the same forward as training: the memories' keys come from x
+            engram = out.engram if engram is None else engram + out.engram  # rows: a union over batches
         total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
         scored += y.numel()
     model.train(was_training)
@@ -61,6 +62,7 @@ def heldout_score(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_
 
 def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, stress) -> dict:
     """One eval as a dict (metrics.jsonl); `eval_line` prints it. Kernel and fallback counters are read here."""
+    fla_kernels.count_unpinned()  # kernel choices made by timing since the last eval join `fallbacks=`
     return {
         "kind": "eval",
         "step": step,

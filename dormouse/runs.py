@@ -13,6 +13,7 @@ from dormouse.config import Config, resolve
 from dormouse.data.default_corpus import default_corpus_dir, describe_default_corpus
 from dormouse.data.shards import Corpus, load_corpus
 from dormouse.errors import ConfigError
+from dormouse.model import precision
 
 
 def open_corpus(data: str | Path | None) -> tuple[Corpus, str]:
@@ -51,9 +52,12 @@ def load_model(run: str | Path, which: str = "best", device: str = "cpu"):
     from dormouse.model.model import DormouseLM
 
     cfg = run_config(run)
-    # The KDA backends compute one function (tests/test_kda.py); pick the one this device runs.
-    cfg.train.device, cfg.model.kda_backend = device, "auto"
+    # The KDA and norm backends compute one function (tests/test_kda.py, tests/gpu/): pick this device's.
+    cfg.train.device, cfg.model.kda_backend, cfg.model.norm_backend = device, "auto", "auto"
+    if torch.device(device).type == "cpu":
+        cfg.train.dtype = "fp32"  # eval and decode run without autocast; the CPU has no bf16/tf32 path
     cfg = resolve(cfg, cuda_available=torch.cuda.is_available())
+    precision.apply(cfg.train.dtype)
     ck = checkpoint.load(run, which)
     model = DormouseLM(cfg.model, seed=cfg.train.seed)
     model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])

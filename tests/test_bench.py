@@ -128,3 +128,26 @@ def test_the_nano_mixer_count_by_hand():
     # 2 layers of q,k,v,o (4·128²), f_a, f_b, g_a, g_b (4·128·32), b_proj (128·4), SwiGLU (3·128·384), depth 2
     assert flops.block_weights == 2 * 2 * (4 * 128**2 + 4 * 128 * 32 + 128 * 4 + 3 * 128 * 384)
     assert flops.byte_weights == 256 * 128
+
+
+def test_bench_op_kda_times_the_op_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "CPU_PEAK_N", 256)
+    history, logs = tmp_path / "history.tsv", tmp_path / "logs"
+    argv = ["bench", "--op", "kda", "--d-model", "32", "--n-heads", "2", "--kda-chunk-size", "16"]
+    argv += ["--seq-len", "40", "--batch-size", "3", "--device", "cpu", "--steps", "2", "--warmup", "1"]
+    assert main([*argv, "--history", str(history), "--log-dir", str(logs)]) == 0
+    (row,) = read_rows(history)
+    assert (row["model"], row["batch"], row["seq_len"]) == ("kda-op", "3", "40")
+    assert row["arms"] == "kda(chunked),H=2,K=16,C=16" and row["kernels"] == "kda=0/3"
+    # 3 · B · T · H · (6K² + 4CK + 2CK + 2CK) for K = V = 16, C = 16: the mixer formula of the docstring
+    assert float(row["flops_per_step"]) == 3 * 3 * 40 * 2 * (6 * 256 + 4 * 256 + 2 * 256 + 2 * 256)
+    assert float(row["tokens_per_s"]) == pytest.approx(3 * 40 / (float(row["ms_per_step"]) / 1000), rel=1e-5)
+    log = (Path(row["log"]) if Path(row["log"]).is_absolute() else bench.repo_root() / row["log"]).read_text()
+    assert "op: kda forward+backward, backend chunked" in log and log.count(" timed ms=") == 2
+
+
+def test_bench_op_kda_refuses_what_does_not_apply(corpus_dir, capsys):
+    assert main(["bench", "--op", "kda", "--data", str(corpus_dir), "--device", "cpu"]) == 2
+    assert "--compile and --data do not apply" in capsys.readouterr().err
+    assert main(["bench", "--op", "kda", "--no-kda", "--device", "cpu"]) == 2
+    assert "drop --no-kda" in capsys.readouterr().err

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from dormouse import counters, ledger, rng
-from dormouse.model import kda as kda_mod
+from dormouse.model import fla_kernels
+from dormouse.model import kda as kda_module
 from dormouse.model.kda import (
     KDA_PARAM_GROUPS,
     KDALayer,
@@ -294,7 +295,7 @@ def test_fla_on_cpu_is_refused_through_the_ledger():
 
 def test_auto_on_cuda_without_fla_is_refused(monkeypatch):
     # Only the device type and the import are consulted, so this runs without a GPU.
-    monkeypatch.setattr(kda_mod, "_fla_import", lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
+    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
     for requested in ("auto", "fla"):
         with pytest.raises(ledger.FallbackRefused, match="install the extra `gpu`") as err:
             resolve_kda_backend(requested, torch.device("cuda"))
@@ -330,3 +331,21 @@ def test_bitwise_deterministic():
     layer = make_layer(backend="chunked", chunk_size=16)
     x = torch.randn(2, 40, 32, generator=rng.generator(0, 0, "test"))
     assert torch.equal(layer(x), layer(x))
+
+
+def test_under_bf16_autocast_the_op_gets_bf16_q_k_v(monkeypatch):
+    # CUDA's autocast runs l2norm's sum and rsqrt in fp32 (the CPU's does not: imitated below); q, k
+    # would then reach fla in fp32 and it would run its fp32 kernels in a bf16 run.
+    seen = {}
+    fp32_norm = kda_module.l2norm
+    monkeypatch.setattr(kda_module, "l2norm", lambda x: fp32_norm(x.float()))
+
+    def spy(q, k, v, g, beta, **kw):
+        seen.update(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype)
+        return kda_chunked(q.float(), k.float(), v.float(), g, beta.float(), **{"initial_state": None})
+
+    monkeypatch.setattr(kda_module, "kda", spy)
+    layer = KDALayer(32, 2, 16, generator=rng.generator(0, 0, "init"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
+    assert seen == {"q": torch.bfloat16, "k": torch.bfloat16, "v": torch.bfloat16, "g": torch.float32}

@@ -10,9 +10,7 @@ beta [B,T,H] in (0,1), state [B,H,K,V]. Per step and head:
     S <- S * exp(g_t)[:, None];  S <- S + beta_t k_t (v_t - k_t^T S)^T;  o_t = S^T (scale q_t)
 """
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +19,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from dormouse import counters, ledger
+from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
 
@@ -157,16 +156,6 @@ def kda_chunked(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     return o.to(out_dtype), (S if output_final_state else None)
 
 
-@functools.cache
-def _fla_import() -> tuple[Callable | None, str]:
-    """fla's chunk_kda, or None and why it could not be imported."""
-    try:
-        from fla.ops.kda import chunk_kda
-    except ImportError as err:
-        return None, f"{type(err).__name__}: {err}"
-    return chunk_kda, ""
-
-
 def resolve_kda_backend(requested: str, device: torch.device) -> str:
     """The implementation `kda` runs for `requested` on `device`: "fla", "chunked" or "recurrent"."""
     if requested not in KDA_BACKENDS:
@@ -182,7 +171,7 @@ def resolve_kda_backend(requested: str, device: torch.device) -> str:
             f"KDA backend 'fla' needs CUDA tensors, got device {device}; run on a GPU or pass --kda-backend chunked",
         )
     # On CUDA, auto means fla: the chunked path there is a slow surprise, so it must be asked for.
-    chunk_kda, why = _fla_import()
+    chunk_kda, why = fla_kernels.chunk_kda()
     if chunk_kda is None:
         raise ledger.refuse(
             FLA_UNAVAILABLE,
@@ -195,7 +184,7 @@ def resolve_kda_backend(requested: str, device: torch.device) -> str:
 
 def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
     _check_shapes(q, k, v, g, beta, initial_state)
-    chunk_kda, _ = _fla_import()
+    chunk_kda, _ = fla_kernels.chunk_kda()
     dtype = q.dtype
     # fla wants q, k, v, beta in one dtype and an fp32 initial state; the gate stays fp32 (fla's own
     # tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated.
@@ -389,9 +378,11 @@ class KDALayer(nn.Module):
             conv_state = (cq, ck, cv)
         q, k, v = (F.silu(t).view(B, T, H, K) for t in (q, k, v))
         b = self.b_proj(x)
+        # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so
+        # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.
         o, state = kda(
-            l2norm(q),
-            l2norm(k),
+            l2norm(q).to(v.dtype),
+            l2norm(k).to(v.dtype),
             v,
             self._decay(x),
             torch.sigmoid(b.to(_compute_dtype(b))),

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from dormouse import ledger
+from dormouse.model.init import normal_init_
 
 SKIPPED = ledger.register(
     "memory.skipped",
@@ -38,9 +39,8 @@ class PersistentMemory(nn.Module):
         self._dormouse_route = {"slots": "adamw_decay"}  # an embedding table of its own
         self.reset_parameters(generator)
 
-    @torch.no_grad()
     def reset_parameters(self, gen: torch.Generator) -> None:
-        self.slots.copy_(torch.randn(self.slots.shape, generator=gen) * 0.02)
+        normal_init_(self.slots, gen)
 
     @property
     def n_slots(self) -> int:

@@ -1,16 +1,54 @@
-"""Normalisation layers. One RMSNorm; the gated output norm of the KDA layer is built on it."""
+"""Normalisation layers. One RMSNorm; the gated output norm of the KDA layer is built on it.
+
+Two paths compute the same function: `plain` (torch's F.rms_norm in fp32, any device) and `fused`
+(fla's Triton RMSNorm, CUDA only, with its own backward). `resolve_norm_backend` is the one policy,
+applied per call on the input's device (auto: fused on CUDA, plain elsewhere); the model sets the
+configured name on every RMSNorm it owns (`set_norm_backend`), and every call is counted in
+counters.NORM so the eval line's `norm=<fused>/<calls>` says which path ran.
+"""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dormouse import counters
+from dormouse import counters, ledger
+from dormouse.model import fla_kernels
+
+NORM_BACKENDS = ("auto", "fused", "plain")
+FUSED_UNAVAILABLE = ledger.register(
+    "norm.fused_unavailable",
+    ledger.Kind.LOUD,
+    "fused RMSNorm asked for (or auto on CUDA), but fla's rms_norm is not importable or the tensors are not on CUDA",
+    __name__,
+)
+
+
+def resolve_norm_backend(requested: str, device: torch.device | str) -> str:
+    """The path RMSNorm runs for `requested` on `device`: "fused" or "plain"."""
+    if requested not in NORM_BACKENDS:
+        raise ValueError(f"unknown norm backend {requested!r}; choose one of {NORM_BACKENDS}")
+    device = torch.device(device)
+    if requested == "plain" or (requested == "auto" and device.type != "cuda"):
+        return "plain"
+    if device.type != "cuda":
+        raise ledger.refuse(
+            FUSED_UNAVAILABLE, f"norm backend 'fused' needs CUDA, got device {device}; pass --norm-backend plain"
+        )
+    fn, why = fla_kernels.rms_norm()
+    if fn is None:
+        raise ledger.refuse(
+            FUSED_UNAVAILABLE,
+            f"norm backend {requested!r} on {device} needs fla-core 0.6.0 (fla.modules.norm.layernorm.rms_norm), "
+            f"which is not importable ({why}); install the extra `gpu` or pass --norm-backend plain",
+        )
+    return "fused"
 
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
+        self.backend = "auto"  # as asked for (NORM_BACKENDS); resolved per call on the input's device
         self.weight = nn.Parameter(torch.ones(dim))
 
     def reset_parameters(self) -> None:
@@ -18,11 +56,25 @@ class RMSNorm(nn.Module):
             self.weight.fill_(1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        counters.NORM.record(fused=False)
+        fused = resolve_norm_backend(self.backend, x.device) == "fused"
+        counters.NORM.record(fused=fused)
+        if fused:
+            fn, _ = fla_kernels.rms_norm()
+            # fla normalises in fp32 and returns the input dtype, as the plain path below does.
+            return fn(x, self.weight, None, eps=self.eps)
         # Normalise in fp32 at least (as fla's fused kernels do), hand back the input dtype.
         dtype = torch.promote_types(x.dtype, torch.float32)
         y = F.rms_norm(x.to(dtype), (x.shape[-1],), self.weight.to(dtype), self.eps)
         return y.to(x.dtype)
+
+
+def set_norm_backend(module: nn.Module, backend: str) -> None:
+    """Set the requested backend (one of NORM_BACKENDS) on every RMSNorm inside `module`."""
+    if backend not in NORM_BACKENDS:
+        raise ValueError(f"unknown norm backend {backend!r}; choose one of {NORM_BACKENDS}")
+    for m in module.modules():
+        if isinstance(m, RMSNorm):
+            m.backend = backend
 
 
 class GatedRMSNorm(nn.Module):

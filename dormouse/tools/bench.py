@@ -73,6 +73,7 @@ from torch import nn
 from dormouse import counters, ledger
 from dormouse.config import Config
 from dormouse.errors import ConfigError
+from dormouse.model import fla_kernels, precision
 
 DEFAULT_STEPS = 20
 REQUIRED_COLUMNS = (
@@ -164,9 +165,9 @@ def arms(cfg: Config) -> str:
         out.append("attn_res")
     if m.persistent_memory != "disabled":
         out.append(f"memory={m.persistent_memory}:{m.memory_slots}")
-    if getattr(m, "engram", False):  # orders joined by '-', then × hash heads: engram=2-3-4x2
-        orders = str(getattr(m, "engram_orders", "?")).replace(",", "-")
-        out.append(f"engram={orders}x{getattr(m, 'engram_heads', '?')}")
+    if m.engram:  # orders joined by '-', × hash heads, @ insertion layers, +conv: engram=2-3-4x2@0+conv
+        orders, layers = m.engram_orders.replace(",", "-"), m.engram_layers.replace(",", "-")
+        out.append(f"engram={orders}x{m.engram_heads}@{layers}" + ("+conv" if m.engram_conv else ""))
     return ",".join(out)
 
 
@@ -215,12 +216,11 @@ def device_slug(device: torch.device) -> str:
 def peak_tflops(device: torch.device, dtype: str, measured: float) -> tuple[float, str]:
     """The peak MFU is taken against, and where it comes from (module docstring)."""
     if device.type == "cuda":
-        precision = dtype
-        if dtype == "fp32" and torch.get_float32_matmul_precision() != "highest":
-            precision = "tf32"
+        tf32 = dtype == "tf32" or (dtype == "fp32" and torch.get_float32_matmul_precision() != "highest")
+        wanted = "tf32" if tf32 else dtype
         name = torch.cuda.get_device_name(device)
         for (key, prec), (value, source) in PEAKS.items():
-            if key in name and prec == precision:
+            if key in name and prec == wanted:
                 return value, f"constant: {source}"
         n = CUDA_PEAK_N
     else:
@@ -290,9 +290,14 @@ def cli(args) -> int:
             raise ConfigError(f"{root} is not a dormouse checkout (no benches/): pass --history and --log-dir")
     history = Path(args.history) if args.history else root / "benches" / "history.tsv"
     log_dir = Path(args.log_dir) if args.log_dir else root / "benches" / "logs"
-    row, log_path = bench(
-        cfg, steps=steps, warmup=args.warmup, compiled=args.compile, data=args.data, note=args.note, log_dir=log_dir
-    )
+    if args.op == "kda":
+        if args.compile or args.data:
+            raise ConfigError("--op kda times the KDA op alone on synthetic inputs: --compile and --data do not apply")
+        row, log_path = bench_kda_op(cfg, steps=steps, warmup=args.warmup, note=args.note, log_dir=log_dir)
+    else:
+        row, log_path = bench(
+            cfg, steps=steps, warmup=args.warmup, compiled=args.compile, data=args.data, note=args.note, log_dir=log_dir
+        )
     append_row(history, row)
     print(f"bench: appended a row to {history}; log {log_path}")
     for key in ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "kernels"):
@@ -327,6 +332,7 @@ def bench(
         f"{platform.python_version()}; float32 matmul precision {torch.get_float32_matmul_precision()}",
         f"loadavg at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
+    log.append(precision.apply(t.dtype))  # before the peak matmul and any kernel compiles
     mm_dtype = torch.bfloat16 if t.dtype == "bf16" else torch.float32
     n = CUDA_PEAK_N if device.type == "cuda" else CPU_PEAK_N
     measured = measure_matmul_tflops(device, mm_dtype, n)
@@ -431,6 +437,97 @@ def bench(
         f"achieved {achieved:.4g} TFLOP/s at the median step; MFU {mfu:.4g} of {peak:.4g} TFLOP/s",
         "---- config",
         json.dumps(cfg.to_dict(), sort_keys=True),
+        "---- row",
+        *(f"{k}\t{v}" for k, v in row.items()),
+    ]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("\n".join(log) + "\n")
+    return row, log_path
+
+
+def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Path) -> tuple[dict[str, str], Path]:
+    """Time one forward+backward of the KDA op alone at B=batch_size, T=seq_len, H=n_heads, K=V=head_dim of
+    `cfg`, with its resolved kda_backend and dtype; the row's model is `kda-op`. FLOPs: 3·B·T·M with M
+    the mixer's forward FLOPs per position (module docstring), MFU against the same peak."""
+    from dormouse.tools.kda_op import op_step
+
+    m, t = cfg.model, cfg.train
+    if m.mixer != "kda":
+        raise ConfigError("--op kda times the KDA mixer: drop --no-kda / --mixer attention")
+    device = torch.device(t.device)
+    started = datetime.datetime.now(datetime.UTC)
+    load_start = os.getloadavg()[0]
+    shape = (t.batch_size, t.seq_len, m.n_heads, m.head_dim)
+    dtype = torch.bfloat16 if t.dtype == "bf16" else torch.float32
+    precision_note = precision.apply(t.dtype)
+    measured = measure_matmul_tflops(device, dtype, CUDA_PEAK_N if device.type == "cuda" else CPU_PEAK_N)
+    peak, peak_source = peak_tflops(device, t.dtype, measured)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    step = op_step(shape, dtype, device, m.kda_backend, m.kda_chunk_size)
+    counters.KDA.reset()
+    times = []
+    for _ in range(warmup + steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    timed = [x * 1000 for x in times[warmup:]]
+    ms = statistics.median(timed)
+    q = statistics.quantiles(timed, n=4, method="inclusive") if len(timed) > 1 else [ms, ms, ms]
+    C, (B, T, H, K) = m.kda_chunk_size, shape
+    flops = 3 * B * T * H * (6 * K * K + 4 * C * K + 2 * C * K + C * 2 * K)
+    achieved = flops / (ms / 1000) / 1e12
+    mem_gib, mem_source = peak_memory(device)
+    commit = git_commit(repo_root())
+    log_path = _free_name(Path(log_dir), f"{started.strftime('%Y-%m-%d-%H%M%S')}-kda-op-{device_slug(device)}", ".log")
+    row = {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "device": device_name(device),
+        "model": "kda-op",
+        "preset": cfg.preset,
+        "batch": str(B),
+        "seq_len": str(T),
+        "dtype": t.dtype,
+        "compiled": "no",
+        "arms": f"kda({m.kda_backend}),H={H},K={K},C={C}",
+        "ms_per_step": f"{ms:.4f}",
+        "tokens_per_s": f"{B * T / (ms / 1000):.6g}",
+        "peak_mem_gib": f"{mem_gib:.4f}",
+        "mfu": f"{achieved / peak:.4g}",
+        "first_step_s": f"{times[0]:.4f}",
+        "torch": torch.__version__,
+        "fla": fla_version(),
+        "log": _shown_path(log_path),
+        "note": note,
+        "warmup": str(warmup),
+        "steps": str(steps),
+        "ms_min": f"{min(timed):.4f}",
+        "ms_max": f"{max(timed):.4f}",
+        "ms_iqr": f"{q[2] - q[0]:.4f}",
+        "flops_per_step": f"{flops:.6g}",
+        "achieved_tflops": f"{achieved:.4g}",
+        "peak_tflops": f"{peak:.4g}",
+        "peak_source": peak_source,
+        "mem_source": mem_source,
+        "kernels": f"kda={counters.KDA}",
+        "params": "0",
+        "loadavg": f"{load_start:.2f}/{os.getloadavg()[0]:.2f}",
+    }
+    row = {k: _cell(v) for k, v in row.items()}
+    log = [
+        f"dormouse bench --op kda {started.isoformat(timespec='seconds')}",
+        "command: " + shlex.join(["dormouse", *sys.argv[1:]]),
+        f"commit: {commit}",
+        f"device: {device_name(device)}; torch {torch.__version__}; fla {fla_version()}; {precision_note}",
+        *([fla_kernels.pin_note()] if m.kda_backend == "fla" else []),
+        f"op: kda forward+backward, backend {m.kda_backend}, B,T,H,K={shape}, {t.dtype}, chunk {C}",
+        *(f"call {i} {'warmup' if i < warmup else 'timed'} ms={x * 1000:.3f}" for i, x in enumerate(times)),
+        f"kernel choices not from the pin: {fla_kernels.count_unpinned() if m.kda_backend == 'fla' else '-'}",
+        f"peak used for MFU: {peak:.4g} TFLOP/s ({peak_source}); matmul measured {measured:.4g} TFLOP/s",
         "---- row",
         *(f"{k}\t{v}" for k, v in row.items()),
     ]

@@ -24,7 +24,8 @@ from dormouse.data.sampler import Sampler
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, eval_line, eval_record, heldout_score
-from dormouse.model.model import DormouseLM
+from dormouse.model import fla_kernels, precision
+from dormouse.model.model import ENGRAM_FILE, DormouseLM
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
 from dormouse.train.sparse import clip_grad_norm_
@@ -36,6 +37,7 @@ class Trainer:
         self.cfg, self.corpus, self.run = cfg, corpus, Path(run_dir)
         t = cfg.train
         self.device = torch.device(t.device)
+        self.precision_note = precision.apply(t.dtype)  # before any kernel compiles
         self.model = DormouseLM(cfg.model, seed=t.seed).to(self.device)
         self.groups = route(self.model, t.opt)
         self.opt = build_optimizers(self.groups, t)
@@ -70,7 +72,7 @@ class Trainer:
                 f"{self.corpus.fingerprint[:12]}: resume on the same data"
             )
         self.model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])
-        self.opt.load_state_dict(ck.optimizer_state)
+        self.opt.load_split_state_dict(ck.optimizer_state, ck.optimizer_tensors.get(ENGRAM_FILE, {}))
         self.stress.load_state_dict(ck.state["stress"])
         self.step, self.run_id = ck.step, ck.state["run_id"]
         self.saved_step = ck.step
@@ -90,9 +92,12 @@ class Trainer:
         m, t = self.cfg.model, self.cfg.train
         self.log(f"run {self.run} id={self.run_id} start_step={self.step}")
         self.log(f"corpus: {corpus_note}")
-        self.log(f"device: {self.device} dtype={t.dtype} torch={torch.__version__}")
+        self.log(f"device: {self.device} dtype={t.dtype} torch={torch.__version__}; {self.precision_note}")
         backend = m.kda_backend if m.mixer == "kda" else "off (attention mixer)"
-        self.log(f"kernels: kda={backend} norm=unfused (torch rms_norm)")
+        norm = {"fused": "fused (fla rms_norm)", "plain": "plain (torch rms_norm)"}[m.norm_backend]
+        self.log(f"kernels: kda={backend} norm={norm}")
+        if backend == "fla" or m.norm_backend == "fused":
+            self.log(fla_kernels.pin_note())
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
         self.log(describe(self.groups))
         self.log("config: " + json.dumps(self.cfg.to_dict(), sort_keys=True))
@@ -201,12 +206,15 @@ class Trainer:
         }
         model_state, tensors, stamp = self.model.checkpoint_parts()
         state["extra"] = {"config": self.cfg.to_dict(), **stamp}
+        # The tables' row-wise optimizer state is table-sized: it travels in the tables' own file.
+        optimizer_state, table_state = self.opt.split_state_dict()
         checkpoint.save(
             self.run,
             self.step,
             model_state=model_state,
             tensors=tensors,
-            optimizer_state=self.opt.state_dict(),
+            optimizer_state=optimizer_state,
+            optimizer_tensors={ENGRAM_FILE: table_state} if table_state else None,
             state=state,
             is_best=is_best,
             keep_last=self.cfg.train.keep_last,

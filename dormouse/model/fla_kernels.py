@@ -1,0 +1,177 @@
+"""fla's Triton kernels, imported in one place with their kernel configurations pinned.
+
+fla's kernels autotune: on first use of a shape, Triton times every candidate configuration and keeps
+the fastest. A choice made by a timing race can differ between runs and machines, and different block
+sizes sum in a different order, so losses would differ too. fla can read kernel choices from JSON
+files instead (fla/ops/utils/cache.py: `FLA_CONFIG_DIR`, `FLA_CACHE_MODE`); dormouse commits those
+files under `dormouse/model/fla_configs/<GPU>/` and points fla at them before fla is first imported.
+
+A (kernel, key) the files do not cover is still autotuned by Triton (or read from Triton's own disk
+cache). fla's fuzzy mode keeps new shapes of a known kernel pinned (see `_pin_environment`). Anything
+else is a path other than the pinned one, so `count_unpinned()` counts each such choice once
+on the ledger site `fla.unpinned` (shown on the eval line as `fallbacks=`). `dump_choices()` writes
+the choices a process made in fla's file format; with DORMOUSE_FLA_DUMP=<folder> set, every process
+that imports fla through here writes them there at exit (how benches/gpu_session.sh refreshes the pin).
+"""
+
+import atexit
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from dormouse import ledger
+
+UNPINNED = ledger.register(
+    "fla.unpinned",
+    ledger.Kind.COUNTED,
+    "an fla kernel configuration was chosen by Triton (autotune timing or its disk cache) because the "
+    "committed pin in dormouse/model/fla_configs/ has no entry for that kernel and key",
+    __name__,
+)
+CONFIG_ROOT = Path(__file__).with_name("fla_configs")
+DUMP_ENV = "DORMOUSE_FLA_DUMP"
+_counted: set[tuple[str, str]] = set()
+
+
+def gpu_dir_name(device_name: str) -> str:
+    """fla's folder name for a GPU (fla.ops.utils.cache.sanitize_gpu_name): 'NVIDIA H200' -> 'NVIDIA_H200'."""
+    out = "".join(c if c.isalnum() else "_" for c in device_name)
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out.strip("_") or "unknown_gpu"
+
+
+def _pin_environment() -> str:
+    """Point fla at the committed configs of this GPU, unless the user set fla's variables. Returns a
+    note for the run header. Must run before fla is imported: fla reads FLA_CACHE_MODE at import."""
+    if "FLA_CACHE_MODE" in os.environ or "FLA_CONFIG_DIR" in os.environ:
+        return f"fla kernel configs: FLA_CACHE_MODE={os.environ.get('FLA_CACHE_MODE', '-')} " + (
+            f"FLA_CONFIG_DIR={os.environ.get('FLA_CONFIG_DIR', '-')} (set by the user)"
+        )
+    import torch
+
+    folder = CONFIG_ROOT / gpu_dir_name(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    if folder is None or not folder.is_dir():
+        return f"fla kernel configs: no committed pin for this device ({folder}); Triton autotunes (counted)"
+    # fuzzy: a shape the pin has not seen takes the entry of the same kernel, dtypes and structure
+    # (fla.ops.utils.cache.AutotuneKey.keys_fuzzy_match), so new batch or sequence sizes stay pinned.
+    os.environ["FLA_CONFIG_DIR"], os.environ["FLA_CACHE_MODE"] = str(folder), "fuzzy"
+    return f"fla kernel configs: pinned from {folder} (FLA_CACHE_MODE=fuzzy)"
+
+
+@functools.cache
+def pin_note() -> str:
+    note = _pin_environment()
+    if os.environ.get(DUMP_ENV):  # the GPU session's way to refresh the pin: every choice made, at exit
+        atexit.register(dump_choices, Path(os.environ[DUMP_ENV]))
+        note += f"; {DUMP_ENV}: this process's choices will be written to {os.environ[DUMP_ENV]} at exit"
+    return note
+
+
+@functools.cache
+def chunk_kda() -> tuple[Callable | None, str]:
+    """fla's chunk_kda, or None and why it could not be imported."""
+    pin_note()
+    try:
+        from fla.ops.kda import chunk_kda as fn
+    except ImportError as err:
+        return None, f"{type(err).__name__}: {err}"
+    return fn, ""
+
+
+@functools.cache
+def rms_norm() -> tuple[Callable | None, str]:
+    """fla's fused RMSNorm (a Triton kernel with its own backward), or None and why not."""
+    pin_note()
+    try:
+        from fla.modules.norm.layernorm import rms_norm as fn
+    except ImportError as err:
+        return None, f"{type(err).__name__}: {err}"
+    return fn, ""
+
+
+def _autotuners():
+    """(kernel name, autotuner) for every Triton autotuner in the fla modules imported so far."""
+    if "triton" not in sys.modules:
+        return
+    from triton.runtime.autotuner import Autotuner
+
+    seen = set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            obj = value
+            for _ in range(3):  # @triton.heuristics wraps the autotuner: unwrap through .fn
+                if isinstance(obj, Autotuner):
+                    if id(obj) not in seen:
+                        seen.add(id(obj))
+                        yield getattr(obj, "kernel_name", None) or obj.base_fn.__name__, obj
+                    break
+                obj = getattr(obj, "fn", None)
+
+
+def _same_config(config, entry: dict) -> bool:
+    return (dict(config.kwargs), config.num_warps, config.num_stages) == (
+        entry["kwargs"],
+        entry["num_warps"],
+        entry["num_stages"],
+    )
+
+
+def count_unpinned() -> int:
+    """Count on the ledger, once each, the kernel choices of this process that the pin did not make:
+    fla's own lookup (fla.ops.utils.cache.load_cached_config, under the FLA_CACHE_MODE in force)
+    found no entry for the key, or found one the kernel rejected and Triton chose instead."""
+    new = 0
+    for kernel, tuner in _autotuners():
+        from fla.ops.utils.cache import AutotuneKey, load_cached_config
+
+        for key, config in list(tuner.cache.items()):
+            pinned = load_cached_config(kernel, AutotuneKey(key))
+            if pinned is not None and _same_config(config, pinned):
+                continue
+            if (kernel, repr(key)) not in _counted:
+                _counted.add((kernel, repr(key)))
+                ledger.count(UNPINNED)
+                new += 1
+    return new
+
+
+def config_entry(config) -> dict:
+    """A triton.Config as fla's config files hold it (fla.ops.utils.cache.maybe_load_cached_config)."""
+    return {
+        "kwargs": dict(config.kwargs),
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+        "num_ctas": getattr(config, "num_ctas", 1),
+        "maxnreg": getattr(config, "maxnreg", None),
+        "ir_override": getattr(config, "ir_override", None),
+    }
+
+
+def dump_choices(folder: Path) -> list[str]:
+    """Merge this process's kernel choices into fla-format files in `folder`; returns the files written."""
+    import triton
+    from fla.ops.utils.cache import AutotuneKey
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kernel, tuner in _autotuners():
+        if not tuner.cache:
+            continue
+        path = folder / f"{kernel}.json"
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        entries = data.get("autotune_entries", {})
+        for key, config in tuner.cache.items():
+            entries[AutotuneKey.key_hash(key)] = {
+                "autotune_key": AutotuneKey.normalize_autotune_key(key),
+                "config": config_entry(config),
+            }
+        data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        written.append(str(path))
+    return written

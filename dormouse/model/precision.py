@@ -1,0 +1,37 @@
+"""What `--dtype` means for float32 arithmetic, set once per process before any kernel compiles.
+
+fp32  float32 matmuls in true fp32: torch's matmul precision "highest", and Triton's fp32 `tl.dot`
+      (fla's kernels) in IEEE fp32 (TRITON_F32_DEFAULT=ieee). Triton's default on Hopper is TF32,
+      which put fla's KDA over the 1e-3 fp32 gate (benches/logs/2026-12-02-kda-gpu-gate/).
+tf32  the same tensors in fp32 but matmuls on TF32 tensor cores: torch "high", Triton "tf32".
+bf16  autocast to bfloat16 (CUDA only); float32 leftovers as tf32 (the fast path; bf16 dominates).
+
+On the CPU none of this changes anything (no TF32 there), so the CPU is always fp32.
+"""
+
+import os
+import sys
+
+import torch
+
+DTYPES = ("fp32", "tf32", "bf16")
+# Triton's own default is TF32; for it the variable is left unset, because Triton hashes the variable
+# into its cache keys and setting it to the default would throw away every cached kernel and tuning.
+_FLOAT32 = {"fp32": ("highest", "ieee"), "tf32": ("high", None), "bf16": ("high", None)}
+
+
+def apply(dtype: str) -> str:
+    """Set torch's and Triton's float32 precision for `dtype`; returns a line for the run header."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
+    torch_precision, triton_precision = _FLOAT32[dtype]
+    torch.set_float32_matmul_precision(torch_precision)
+    if triton_precision is None:
+        os.environ.pop("TRITON_F32_DEFAULT", None)
+    else:
+        os.environ["TRITON_F32_DEFAULT"] = triton_precision  # read by Triton when it compiles a kernel
+    if "triton" in sys.modules:  # already imported: its knob may have cached the old value
+        knobs = getattr(sys.modules["triton"], "knobs", None)
+        if knobs is not None:
+            knobs.language.fp32_default = triton_precision
+    return f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}"

@@ -1,0 +1,43 @@
+"""The KDA op on its own: gate inputs, one forward+backward, and its `dormouse bench --op kda` timing.
+
+Inputs are what KDALayer hands the op: q, k L2-normalised, g fp32 ≤ 0, beta in (0, 1), an fp32
+initial state, plus cotangents for the output and the final state; every draw from the `test` stream.
+The gate (benches/kda_gpu_gate.py, tests/gpu/) and the bench share them, so a timed call is the
+checked call.
+"""
+
+import torch
+
+from dormouse import rng
+from dormouse.model.kda import kda, l2norm
+
+
+def make_inputs(shape, dtype, device, seed=0):
+    """Leaf tensors [q, k, v, g, beta, h0] (requires_grad) and the cotangents (do, dS) for shape (B, T, H, K)."""
+    B, T, H, K = shape
+    gen = rng.generator(seed, 0, "test")
+
+    def randn(*s):
+        return torch.randn(*s, generator=gen)
+
+    q, k = l2norm(randn(B, T, H, K)).to(dtype), l2norm(randn(B, T, H, K)).to(dtype)
+    v = randn(B, T, H, K).to(dtype)
+    g = -torch.nn.functional.softplus(randn(B, T, H, K))
+    beta = torch.rand(B, T, H, generator=gen).to(dtype)
+    h0 = randn(B, H, K, K)
+    do, dS = randn(B, T, H, K).to(dtype), randn(B, H, K, K)
+    leaves = [x.to(device).requires_grad_() for x in (q, k, v, g, beta, h0)]
+    return leaves, do.to(device), dS.to(device)
+
+
+def forward_backward(fn, leaves, do, dS, **kw):
+    """(o, final state, grads of the leaves) for loss = <o, do> + <S, dS>."""
+    o, S = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True, **kw)
+    grads = torch.autograd.grad((o * do.to(o.dtype)).sum() + (S * dS.to(S.dtype)).sum(), leaves)
+    return o.detach(), S.detach(), grads
+
+
+def op_step(shape, dtype, device, backend, chunk_size):
+    """A zero-argument callable: one forward+backward of `kda` with `backend` on fixed inputs."""
+    leaves, do, dS = make_inputs(shape, dtype, device)
+    return lambda: forward_backward(kda, leaves, do, dS, backend=backend, chunk_size=chunk_size)

@@ -1,0 +1,63 @@
+"""The fused RMSNorm (fla's Triton kernel) against the plain torch path on CUDA; skipped without CUDA/fla.
+
+Both normalise in fp32 and return the input dtype. fp32 inputs: output and gradients (input, weight)
+agree to 1e-5 relative (max|d|/max|ref|); bf16 inputs: to one bf16 rounding of the output (2^-8) and
+1e-2 on the gradients, which pass through bf16 tensors.
+"""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("fla.modules.norm.layernorm", reason="needs fla-core (extra `gpu`)")
+
+from dormouse import counters, rng  # noqa: E402
+from dormouse.config import build, resolve  # noqa: E402
+from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.model.norm import RMSNorm  # noqa: E402
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2.0**-8, 1e-2)}  # (output, gradients)
+
+
+def rel(x, ref):
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def run(backend, x, w, dy):
+    norm = RMSNorm(x.shape[-1], eps=1e-6).cuda()
+    norm.backend = backend
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    x = x.detach().clone().requires_grad_()
+    y = norm(x)
+    y.backward(dy)
+    return y.detach(), x.grad, norm.weight.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(4, 128, 512), (3, 7, 96)])
+def test_fused_equals_plain(dtype, shape):
+    gen = rng.generator(0, 0, "test")
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype).cuda()
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).cuda()
+    dy = torch.randn(*shape, generator=gen).to(dtype).cuda()
+    counters.NORM.reset()
+    fused = run("fused", x, w, dy)
+    plain = run("plain", x, w, dy)
+    assert (counters.NORM.fused, counters.NORM.calls) == (1, 2)
+    assert fused[0].dtype == plain[0].dtype == dtype
+    out_tol, grad_tol = TOL[dtype]
+    assert rel(fused[0], plain[0]) <= out_tol
+    assert rel(fused[1], plain[1]) <= grad_tol, "d input"
+    assert rel(fused[2], plain[2]) <= grad_tol, "d weight"
+
+
+def test_model_on_cuda_runs_every_norm_fused():
+    cfg = resolve(build("nano"), cuda_available=True)
+    assert cfg.model.norm_backend == "fused"
+    model = DormouseLM(cfg.model, seed=0).cuda()
+    ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
+    counters.NORM.reset()
+    model(ids, targets=ids).loss.backward()
+    assert counters.NORM.calls > 0 and counters.NORM.fused == counters.NORM.calls

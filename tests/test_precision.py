@@ -1,0 +1,62 @@
+"""`--dtype` sets torch's and Triton's float32 precision for the process (dormouse/model/precision.py)."""
+
+import os
+
+import pytest
+import torch
+
+from dormouse import config
+from dormouse.errors import ConfigError
+from dormouse.model import fla_kernels, precision
+
+
+@pytest.fixture(autouse=True)
+def restore_precision():
+    before, env = torch.get_float32_matmul_precision(), os.environ.get("TRITON_F32_DEFAULT")
+    yield
+    torch.set_float32_matmul_precision(before)
+    if env is None:
+        os.environ.pop("TRITON_F32_DEFAULT", None)
+    else:
+        os.environ["TRITON_F32_DEFAULT"] = env
+
+
+@pytest.mark.parametrize(
+    "dtype, torch_precision, triton", [("fp32", "highest", "ieee"), ("tf32", "high", "tf32"), ("bf16", "high", "tf32")]
+)
+def test_apply_sets_both_libraries(dtype, torch_precision, triton):
+    note = precision.apply(dtype)
+    assert torch.get_float32_matmul_precision() == torch_precision
+    assert os.environ.get("TRITON_F32_DEFAULT") == (None if triton == "tf32" else triton)  # tf32: Triton's default
+    assert note == f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton}"
+
+
+def test_unknown_dtype_and_cpu_only_fp32():
+    with pytest.raises(ValueError, match="unknown dtype"):
+        precision.apply("fp16")
+    for dtype in ("tf32", "bf16"):
+        with pytest.raises(ConfigError, match=f"dtype {dtype} is for CUDA"):
+            config.resolve(config.build("nano", {"train": {"dtype": dtype, "device": "cpu"}}), cuda_available=False)
+
+
+def test_fla_pin_folder_names_follow_fla():
+    # fla.ops.utils.cache.sanitize_gpu_name: runs of non-alphanumerics become one underscore
+    assert fla_kernels.gpu_dir_name("NVIDIA H200") == "NVIDIA_H200"
+    assert fla_kernels.gpu_dir_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
+    assert fla_kernels.gpu_dir_name("  --  ") == "unknown_gpu"
+
+
+def test_committed_fla_pin_files_are_in_flas_format():
+    """Each entry's hash is fla's AutotuneKey.key_hash: md5 of the key as compact sorted JSON."""
+    import hashlib
+    import json
+
+    files = sorted(fla_kernels.CONFIG_ROOT.glob("*/*.json"))
+    assert files, "no committed pin"
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["kernel_name"] == path.stem and data["triton_version"]
+        for digest, entry in data["autotune_entries"].items():
+            key = json.dumps(entry["autotune_key"], separators=(",", ":"), sort_keys=True)
+            assert hashlib.md5(key.encode()).hexdigest() == digest, (path.name, digest)
+            assert {"kwargs", "num_warps", "num_stages", "num_ctas"} <= set(entry["config"])
