@@ -449,6 +449,12 @@ class Engram(nn.Module):
     def fingerprint(self) -> str:
         return key_fingerprint(self.orders, self.heads, self.rows, self.hash_seed)
 
+    @torch.compiler.disable
+    def _lookup(self, idx: torch.Tensor) -> torch.Tensor:
+        # Eager even inside torch.compile: AOTAutograd cannot trace the table's sparse gradient, so the
+        # compiled graph breaks here and takes the looked-up rows as an input.
+        return self.table(idx)
+
     def forward(
         self, h: torch.Tensor, keys: torch.Tensor, conv_tail: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, EngramStats, torch.Tensor | None]:
@@ -460,7 +466,7 @@ class Engram(nn.Module):
                 f"{(*h.shape[:-1], self.arms)} ({self.arms} arms) and d_model {self.d_model}"
             )
         idx = global_rows(keys, self.rows)
-        e = self.table(idx).flatten(-2)  # [..., arms·dim]
+        e = self._lookup(idx).flatten(-2)  # [..., arms·dim]
         v = self.w_v(e)
         k = self.w_k(e)
         dt = torch.promote_types(v.dtype, torch.float32)

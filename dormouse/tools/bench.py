@@ -168,6 +168,13 @@ def arms(cfg: Config) -> str:
     if m.engram:  # orders joined by '-', × hash heads, @ insertion layers, +conv: engram=2-3-4x2@0+conv
         orders, layers = m.engram_orders.replace(",", "-"), m.engram_layers.replace(",", "-")
         out.append(f"engram={orders}x{m.engram_heads}@{layers}" + ("+conv" if m.engram_conv else ""))
+    t = cfg.train  # the loop's arms change the cost of a step: a row of one must not price the other
+    if t.rand_depth:
+        out.append(
+            f"rand_depth={t.rand_depth_min}-{m.depth}" + (f"/bptt{t.rand_depth_bptt}" if t.rand_depth_bptt else "")
+        )
+    if m.mor:
+        out.append(f"mor={m.mor_capacity:g}")
     return ",".join(out)
 
 
@@ -380,12 +387,7 @@ def bench(
         del trainer
     load_end = os.getloadavg()[0]
 
-    timed = [x * 1000 for x in times[warmup:]]
-    ms = statistics.median(timed)
-    q = statistics.quantiles(timed, n=4, method="inclusive") if len(timed) > 1 else [ms, ms, ms]
-    tokens_per_s = t.batch_size * t.seq_len / (ms / 1000)
-    achieved = flops.per_step / (ms / 1000) / 1e12
-    mfu = achieved / peak
+    timing = timing_columns(times, warmup, t.batch_size * t.seq_len, flops.per_step, peak)
     slug = device_slug(device)
     stamp = started.strftime("%Y-%m-%d-%H%M%S")
     log_path = _free_name(Path(log_dir), f"{stamp}-{cfg.preset}-{slug}", ".log")
@@ -400,23 +402,12 @@ def bench(
         "dtype": t.dtype,
         "compiled": "yes" if compiled else "no",
         "arms": arms(cfg),
-        "ms_per_step": f"{ms:.4f}",
-        "tokens_per_s": f"{tokens_per_s:.6g}",
         "peak_mem_gib": f"{mem_gib:.4f}",
-        "mfu": f"{mfu:.4g}",
-        "first_step_s": f"{times[0]:.4f}",
         "torch": torch.__version__,
         "fla": fla_version(),
         "log": _shown_path(log_path),
         "note": note,
-        "warmup": str(warmup),
-        "steps": str(steps),
-        "ms_min": f"{min(timed):.4f}",
-        "ms_max": f"{max(timed):.4f}",
-        "ms_iqr": f"{q[2] - q[0]:.4f}",
-        "flops_per_step": f"{flops.per_step:.6g}",
-        "achieved_tflops": f"{achieved:.4g}",
-        "peak_tflops": f"{peak:.4g}",
+        **timing,
         "peak_source": peak_source,
         "mem_source": mem_source,
         "kernels": counts["timed"],
@@ -434,7 +425,7 @@ def bench(
         f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
         flops.describe(),
-        f"achieved {achieved:.4g} TFLOP/s at the median step; MFU {mfu:.4g} of {peak:.4g} TFLOP/s",
+        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {peak:.4g} TFLOP/s",
         "---- config",
         json.dumps(cfg.to_dict(), sort_keys=True),
         "---- row",
@@ -474,12 +465,8 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
         step()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    timed = [x * 1000 for x in times[warmup:]]
-    ms = statistics.median(timed)
-    q = statistics.quantiles(timed, n=4, method="inclusive") if len(timed) > 1 else [ms, ms, ms]
     C, (B, T, H, K) = m.kda_chunk_size, shape
     flops = 3 * B * T * H * (6 * K * K + 4 * C * K + 2 * C * K + C * 2 * K)
-    achieved = flops / (ms / 1000) / 1e12
     mem_gib, mem_source = peak_memory(device)
     commit = git_commit(repo_root())
     log_path = _free_name(Path(log_dir), f"{started.strftime('%Y-%m-%d-%H%M%S')}-kda-op-{device_slug(device)}", ".log")
@@ -494,23 +481,12 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
         "dtype": t.dtype,
         "compiled": "no",
         "arms": f"kda({m.kda_backend}),H={H},K={K},C={C}",
-        "ms_per_step": f"{ms:.4f}",
-        "tokens_per_s": f"{B * T / (ms / 1000):.6g}",
         "peak_mem_gib": f"{mem_gib:.4f}",
-        "mfu": f"{achieved / peak:.4g}",
-        "first_step_s": f"{times[0]:.4f}",
         "torch": torch.__version__,
         "fla": fla_version(),
         "log": _shown_path(log_path),
         "note": note,
-        "warmup": str(warmup),
-        "steps": str(steps),
-        "ms_min": f"{min(timed):.4f}",
-        "ms_max": f"{max(timed):.4f}",
-        "ms_iqr": f"{q[2] - q[0]:.4f}",
-        "flops_per_step": f"{flops:.6g}",
-        "achieved_tflops": f"{achieved:.4g}",
-        "peak_tflops": f"{peak:.4g}",
+        **timing_columns(times, warmup, B * T, flops, peak),
         "peak_source": peak_source,
         "mem_source": mem_source,
         "kernels": f"kda={counters.KDA}",
@@ -534,6 +510,29 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("\n".join(log) + "\n")
     return row, log_path
+
+
+def timing_columns(times: list[float], warmup: int, positions: int, flops: float, peak: float) -> dict[str, str]:
+    """The row's timing columns from per-step wall times (seconds, warm-up first): median and spread of the
+    timed steps in ms, positions (B·T) per second, achieved TFLOP/s and MFU against `peak`."""
+    timed = [x * 1000 for x in times[warmup:]]
+    ms = statistics.median(timed)
+    q = statistics.quantiles(timed, n=4, method="inclusive") if len(timed) > 1 else [ms, ms, ms]
+    achieved = flops / (ms / 1000) / 1e12
+    return {
+        "ms_per_step": f"{ms:.4f}",
+        "tokens_per_s": f"{positions / (ms / 1000):.6g}",
+        "mfu": f"{achieved / peak:.4g}",
+        "first_step_s": f"{times[0]:.4f}",
+        "warmup": str(warmup),
+        "steps": str(len(timed)),
+        "ms_min": f"{min(timed):.4f}",
+        "ms_max": f"{max(timed):.4f}",
+        "ms_iqr": f"{q[2] - q[0]:.4f}",
+        "flops_per_step": f"{flops:.6g}",
+        "achieved_tflops": f"{achieved:.4g}",
+        "peak_tflops": f"{peak:.4g}",
+    }
 
 
 def _dynamo_stats() -> str:
