@@ -70,6 +70,17 @@ class ModelConfig:
         "0", "block layers whose input (first loop iteration) gets a memory of its own, comma-separated"
     )
     engram_conv: bool = _f(True, "short causal conv after the engram gate (kernel 4, dilation max order)")
+    mor: bool = _f(
+        False, "Mixture-of-Recursions: a router picks the positions that take each iteration after the first"
+    )
+    mor_capacity: float = _f(
+        0.5,
+        "MoR: fraction of each sequence's positions that take an iteration (training top-k)",
+        lo=0.0,
+        hi=1.0,
+        lo_open=True,
+    )
+    mor_aux_weight: float = _f(0.1, "weight of MoR's router BCE term (mor_router) in the loss", lo=0.0)
 
 
 @dataclass
@@ -96,6 +107,9 @@ class TrainConfig:
     eval_bytes: int = _f(0, "held-out bytes scored per eval; 0 = the whole held-out split", lo=0)
     ckpt_every: int = _f(500, "steps between checkpoints", lo=1)
     keep_last: int = _f(3, "checkpoints kept besides best", lo=1)
+    rand_depth: bool = _f(False, "sample each training step's loop depth, uniform over [rand_depth_min, depth]")
+    rand_depth_min: int = _f(1, "smallest depth --rand-depth samples", lo=1)
+    rand_depth_bptt: int = _f(0, "--rand-depth: only the last N iterations get gradients; 0 = all", lo=0)
 
 
 PRESETS: dict[str, dict[str, dict]] = {
@@ -226,6 +240,7 @@ def validate(cfg: Config) -> None:
             f"persistent_memory {m.persistent_memory} with memory_slots {m.memory_slots}: "
             "slots must be 0 exactly when the memory is disabled"
         )
+    _check_adaptive_depth(m, t)
     if t.eval_bytes and t.eval_bytes < t.seq_len:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
@@ -251,6 +266,30 @@ def _check_engram_layers(m: ModelConfig) -> None:
         )
     if m.engram and not layers:
         raise ConfigError("engram_layers is empty while engram is on: name a block layer, or pass --no-engram")
+
+
+def _check_adaptive_depth(m: ModelConfig, t: TrainConfig) -> None:
+    """--rand-depth and --mor each change the loop; together, or where they cannot act, they are refused."""
+    if t.rand_depth and m.mor:
+        raise ConfigError(
+            "rand_depth and mor cannot be combined (--rand-depth with --mor): MoR's routers are per iteration "
+            "of a fixed depth"
+        )
+    if t.rand_depth and not t.rand_depth_min < m.depth:
+        raise ConfigError(
+            f"rand_depth_min {t.rand_depth_min} must be below depth {m.depth}: --rand-depth needs two depths"
+        )
+    if (t.rand_depth_min != 1 or t.rand_depth_bptt) and not t.rand_depth:
+        raise ConfigError("rand_depth_min and rand_depth_bptt act only with --rand-depth")
+    if t.rand_depth_bptt > m.depth:
+        raise ConfigError(f"rand_depth_bptt {t.rand_depth_bptt} exceeds depth {m.depth}")
+    if m.mor and m.depth < 2:
+        raise ConfigError("mor routes the iterations after the first: it needs depth >= 2")
+    if m.mor and m.attn_res:
+        raise ConfigError(
+            "mor with attn_res is not built: AttnRes mixes every layer output, so a position that skips an "
+            "iteration could not leave it unchanged"
+        )
 
 
 def _check_range(f: dataclasses.Field, value) -> None:

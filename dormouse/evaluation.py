@@ -81,6 +81,17 @@ def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, dept
     }
 
 
+def depth_field(cfg, depths: list[int] | None = None) -> int | str:
+    """The eval line's `depth=`: what training ran. The config's depth, or under --rand-depth the sampled
+    range and the mean depth of the training steps since the previous eval (`1..2(mean1.50)`); the
+    eval itself always runs the full depth."""
+    m, t = cfg.model, cfg.train
+    if not t.rand_depth:
+        return m.depth
+    mean = f"(mean{sum(depths) / len(depths):.2f})" if depths else ""
+    return f"{t.rand_depth_min}..{m.depth}{mean}"
+
+
 def _fmt(value) -> str:
     if value is None:
         return "n/a"

@@ -151,3 +151,15 @@ def test_bench_op_kda_refuses_what_does_not_apply(corpus_dir, capsys):
     assert "--compile and --data do not apply" in capsys.readouterr().err
     assert main(["bench", "--op", "kda", "--no-kda", "--device", "cpu"]) == 2
     assert "drop --no-kda" in capsys.readouterr().err
+
+
+def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
+    def arms_of(model=None, train=None):
+        return bench.arms(
+            config.resolve(config.build("nano", {"model": model or {}, "train": train or {}}), cuda_available=False)
+        )
+
+    assert "rand_depth" not in arms_of() and "mor" not in arms_of()
+    assert arms_of(train={"rand_depth": True}).endswith(",rand_depth=1-2")
+    assert arms_of({"depth": 3}, {"rand_depth": True, "rand_depth_bptt": 1}).endswith(",rand_depth=1-3/bptt1")
+    assert arms_of({"mor": True, "mor_capacity": 0.25}).endswith(",mor=0.25")

@@ -70,6 +70,14 @@ def test_booleans_and_short_arms():
         (["--engram-layers", ""], "engram_layers is empty while engram is on"),
         (["--engram-orders", "2,x"], "engram_orders '2,x': distinct integers in 1..16"),
         (["--engram-orders", "3,3"], "engram_orders '3,3'"),
+        (["--rand-depth", "--mor"], r"rand_depth and mor cannot be combined \(--rand-depth with --mor\)"),
+        (["--rand-depth", "--rand-depth-min", "2"], "rand_depth_min 2 must be below depth 2"),
+        (["--rand-depth", "--rand-depth-bptt", "3"], "rand_depth_bptt 3 exceeds depth 2"),
+        (["--rand-depth-bptt", "1"], "act only with --rand-depth"),
+        (["--mor", "--depth", "1"], "mor routes the iterations after the first: it needs depth >= 2"),
+        (["--mor", "--attn-res"], "mor with attn_res is not built"),
+        (["--mor-capacity", "0"], r"mor_capacity 0.0 is out of range; allowed \(0.0, 1.0\]"),
+        (["--mor-capacity", "1.5"], r"mor_capacity 1.5 is out of range"),
     ],
 )
 def test_validate_refuses_with_field_and_range(argv, message, monkeypatch):

@@ -1,8 +1,11 @@
+import re
+
 import pytest
 import torch
 
-from dormouse import config, rng
-from dormouse.decode.generate import generate
+from dormouse import checkpoint, config, rng
+from dormouse.cli import main
+from dormouse.decode.generate import Decoder, generate
 from dormouse.errors import DormouseError
 from dormouse.model.model import DormouseLM
 
@@ -61,3 +64,116 @@ def test_refusals():
         generate(model, b"a", max_bytes=0)
     with pytest.raises(DormouseError, match="top_k in"):
         generate(model, b"a", max_bytes=2, top_k=300)
+
+
+# ---- the iteration cap and CALM-lite's early exit ----------------------------------------------------------
+
+
+def step_through(model, ids, **exit):
+    """Step every byte of ids [B,T] from an empty cache: (logits [B,T,256], iterations per byte, cache)."""
+    cache, logits, iterations = model.new_cache(ids.shape[0]), [], []
+    for t in range(ids.shape[1]):
+        out, cache = model.step(ids[:, t], cache, **exit)
+        logits.append(out)
+        iterations.append(cache.iterations)
+    return torch.stack(logits, 1), iterations, cache
+
+
+def test_threshold_one_never_exits_and_equals_full_depth():
+    model = tiny_model()
+    x = torch.randint(0, 256, (2, 19), generator=rng.generator(0, 0, "test"))
+    logits, iterations, _ = step_through(model, x, max_iter=2, exit_threshold=1.0)
+    with torch.no_grad():
+        full = model(x).logits
+    assert iterations == [2] * 19
+    assert torch.allclose(logits, full, atol=1e-5, rtol=0), (logits - full).abs().max()
+    out = generate(model, b"The dormouse", max_bytes=12, temperature=0, max_iter=2, exit_threshold=1.0)
+    assert out.histogram() == {2: 12}
+    assert out.bytes == generate(model, b"The dormouse", max_bytes=12, temperature=0).bytes
+
+
+@torch.no_grad()
+def first_iteration_by_hand(model, ids):
+    """The first loop iteration alone, through the model's modules: embedding, the engram memory at its
+    layer, each block layer, final norm, tied head. Returns (logits, the hidden state the head read)."""
+    x = model.embed(ids)
+    for j, layer in enumerate(model.layers):
+        if str(j) in model.engram:
+            memory = model.engram[str(j)]
+            x = x + memory(x, memory.keys(ids), None)[0]
+        x = x + layer(x)[0]
+    return torch.nn.functional.linear(model.final_norm(x), model.embed.weight), x
+
+
+def test_gen_max_iter_one_is_the_first_iteration_and_advances_the_skipped_states():
+    model = tiny_model()
+    x = torch.randint(0, 256, (2, 19), generator=rng.generator(0, 1, "test"))
+    logits, iterations, cache = step_through(model, x, max_iter=1)
+    by_hand, h = first_iteration_by_hand(model, x)
+    assert iterations == [1] * 19
+    assert torch.allclose(logits, by_hand, atol=1e-5, rtol=0), (logits - by_hand).abs().max()
+    # State propagation: iteration 2 of each layer took in every byte with the exited state h as input.
+    with torch.no_grad():
+        for j, layer in enumerate(model.layers):
+            _, want = layer.mixer(layer.mixer_norm(h), None, return_cache=True)
+            got = cache.mixers[len(model.layers) + j]
+            assert torch.allclose(got.state, want.state, atol=1e-5, rtol=0)
+            assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(got.conv, want.conv, strict=True))
+    out = generate(model, b"The dormouse", max_bytes=10, temperature=0, max_iter=1)
+    assert out.histogram() == {1: 10}
+    seq = list(b"The dormouse")
+    for _ in range(10):
+        seq.append(int(first_iteration_by_hand(model, torch.tensor([seq]))[0][0, -1].argmax()))
+    assert out.bytes == bytes(seq[len(b"The dormouse") :])
+
+
+def test_every_iteration_takes_in_every_byte_when_iterations_are_skipped():
+    model = tiny_model(mixer="attention")
+    _, _, cache = step_through(model, torch.arange(7)[None], max_iter=1)
+    assert [kv.length for kv in cache.mixers] == [7] * 4  # (2 iterations × 2 layers), skipped ones included
+
+
+def test_early_exit_is_deterministic_and_a_split_decode_equals_one_go():
+    model = tiny_model(sharpen=10.0)  # after one iteration the top-1 probability spreads over ~0.15 … 0.91
+    settings = {"temperature": 1.0, "seed": 1, "exit_threshold": 0.6}
+    once = generate(model, b"The dormouse", max_bytes=32, **settings)
+    assert set(once.histogram()) == {1, 2}  # some bytes exit after one iteration, some do not
+    again = generate(model, b"The dormouse", max_bytes=32, **settings)
+    assert (again.bytes, again.iterations) == (once.bytes, once.iterations)
+    decoder = Decoder(model, b"The dormouse", **settings)
+    head, head_iters = decoder.extend(11)
+    tail, tail_iters = decoder.extend(21)
+    assert (head + tail, head_iters + tail_iters) == (once.bytes, once.iterations)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"max_iter": 3}, r"gen_max_iter 3 is outside \[1, 2\]"),
+        ({"max_iter": 0}, r"gen_max_iter 0 is outside \[1, 2\]"),
+        ({"exit_threshold": 0.0}, r"exit_threshold 0.0 is outside \(0, 1\]"),
+        ({"exit_threshold": 1.5}, r"exit_threshold 1.5 is outside \(0, 1\]"),
+    ],
+)
+def test_decode_cap_and_threshold_refusals(settings, message):
+    with pytest.raises(DormouseError, match=message):
+        generate(tiny_model(), b"ab", max_bytes=2, **settings)
+
+
+def test_cli_generate_reports_bytes_per_second_and_the_iteration_histogram(tmp_path, capsys):
+    cfg = config.resolve(
+        config.build("nano", {"model": {"d_model": 32, "n_heads": 2, "engram_rows": 512}}), cuda_available=False
+    )
+    model = DormouseLM(cfg.model, seed=cfg.train.seed)
+    model_state, tensors, stamp = model.checkpoint_parts()
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    state = {"run_id": "t", "best_bpb": None, "best_step": None, "sampler": {}, "stress": {}}
+    state["extra"] = {"config": cfg.to_dict(), **stamp}
+    checkpoint.save(tmp_path, 0, model_state=model_state, tensors=tensors, optimizer_state={}, state=state)
+    argv = ["generate", str(tmp_path), "--ckpt", "last", "--prompt", "ab", "--max-bytes", "5", "--device", "cpu"]
+    assert main([*argv, "--gen-max-iter", "1"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"generated 5 bytes from .* \([\d.]+ bytes/s\)", err)
+    assert "loop iterations per byte (iterations:bytes): 1:5; mean 1.00" in err
+    assert main([*argv, "--gen-max-iter", "3"]) == 2
+    assert "gen_max_iter 3 is outside [1, 2]" in capsys.readouterr().err

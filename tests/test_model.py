@@ -85,6 +85,11 @@ def test_step_by_step_decoding_equals_the_full_forward(arm):
     mixer, experts, attn_res, memory = arm
     # Engram memories at both block layers, each with its short conv (the default).
     model = loud_engram(DormouseLM(tiny(mixer, experts, attn_res, memory, engram_layers="0,1"))).eval()
+    assert_decode_equals_forward(model)
+
+
+def assert_decode_equals_forward(model: DormouseLM) -> None:
+    """Stepping every byte, and prefilling 9 then stepping the rest, give the full forward's logits."""
     x = ids(2, 21)  # not a multiple of the chunk
     full = model(x).logits
     cache = model.new_cache(2)
@@ -219,3 +224,65 @@ def test_decode_carries_each_memorys_conv_tail():
         forgot = dataclasses.replace(cache.engram, conv={**cache.engram.conv, j: None})
         logits, _ = model.step(x[:, 9], dataclasses.replace(cache, engram=forgot))
         assert (logits - full[:, 9]).abs().max() > 1e-3, j
+
+
+# ---- the loop's arms: a smaller depth, truncated gradients, Mixture-of-Recursions -------------------------
+
+
+def test_grad_iterations_records_gradients_through_the_last_iterations_only():
+    x, y = ids(2, 24), ids(2, 24, step=1)
+    model = DormouseLM(tiny())
+    full, last = model(x, y), model(x, y, grad_iterations=1)
+    assert torch.equal(full.loss, last.loss)  # the same function, fewer gradients
+    last.loss.backward()
+    assert model.engram["0"].table.weight.grad is None  # the memory acts in the first iteration only
+    assert model.layers[0].mixer.q_proj.weight.grad.abs().sum() > 0  # the second iteration's
+    with pytest.raises(ValueError, match=r"depth 3 is outside \[1, 2\]"):
+        model(x, depth=3)
+    with pytest.raises(ValueError, match="runs the config's depth 2, not 1"):
+        model(x, depth=1, return_cache=True)
+
+
+def head_input_and_logits(model: DormouseLM, x: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the hidden state the head read, logits) of model(x) at `depth`."""
+    seen = []
+    hook = model.final_norm.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        logits = model(x, depth=depth).logits
+    hook.remove()
+    return seen[0], logits
+
+
+@pytest.mark.parametrize("capacity, taken", [(0.25, 3), (0.3, 3), (1.0, 10)])
+def test_mor_updates_exactly_the_routed_positions(capacity, taken):
+    model = DormouseLM(tiny(mor=True, mor_capacity=capacity))  # training mode: top-k over each sequence
+    x = ids(2, 10)
+    h1, first = head_input_and_logits(model, x, depth=1)  # the stream entering the second iteration
+    with torch.no_grad():
+        score = model.router.scorer(h1)[..., 0]
+    updated = (head_input_and_logits(model, x, depth=2)[1] != first).any(-1)  # [B, T]
+    assert updated.sum(-1).tolist() == [taken, taken]  # ceil(capacity · 10) per sequence
+    best = score.topk(taken, dim=-1).indices.sort(-1).values
+    assert [u.nonzero().flatten().tolist() for u in updated] == best.tolist()
+    model.eval()  # the causal rule: a position takes the iteration when σ(score) > 0.5
+    updated = (head_input_and_logits(model, x, depth=2)[1] != first).any(-1)
+    assert torch.equal(updated, score > 0) and 0 < updated.sum() < 20
+
+
+@pytest.mark.parametrize("aux_weight", [0.1, 0.0])
+def test_mor_router_gets_gradients_and_its_term_is_reported(aux_weight):
+    model = DormouseLM(tiny(mor=True, mor_aux_weight=aux_weight))
+    out = model(ids(2, 24), ids(2, 24, step=1))
+    assert set(out.aux) == {"mor_router"} and out.aux["mor_router"] > 0
+    assert torch.allclose(out.loss, out.ce + aux_weight * out.aux["mor_router"])
+    out.loss.backward()
+    # With weight 0 the LM loss alone reaches the router, through the gate σ(score).
+    dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.to_dense().abs().sum() > 0]
+    assert not dead, f"no gradient reaches: {dead}"
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("memory", [("disabled", 0), ("enabled", 3)])
+def test_mor_decoding_equals_the_full_forward(mixer, memory):
+    model = loud_engram(DormouseLM(tiny(mixer, memory=memory, mor=True, engram_layers="0,1"))).eval()
+    assert_decode_equals_forward(model)

@@ -1,6 +1,7 @@
 """Trainer gates: determinism, resume == uninterrupted, best kept, non-finite stops, lr 0, eval CLI."""
 
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -15,6 +16,8 @@ from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 from dormouse.errors import DormouseError
 from dormouse.evaluation import NonFiniteError, heldout_score
+from dormouse.model.loop import sample_depth
+from dormouse.model.model import DormouseLM
 from dormouse.train.trainer import Trainer
 
 
@@ -264,3 +267,28 @@ def test_engram_on_every_eval_line_and_off_when_turned_off(corpus, tmp_path):
     off.run_loop()
     assert all(r["engram"] == "off" for r in evals(tmp_path / "off"))
     assert "engram" not in checkpoint.load(tmp_path / "off", "last").tensors
+
+
+def test_sampled_depths_are_a_pure_function_of_seed_and_step_and_uniform():
+    torch.manual_seed(7)  # the global RNG plays no part
+    assert [sample_depth(0, s, 1, 3) for s in range(12)] == [2, 1, 1, 1, 2, 3, 2, 2, 3, 3, 1, 2]  # pinned stream
+    assert [sample_depth(0, s, 1, 3) for s in range(12)] != [sample_depth(1, s, 1, 3) for s in range(12)]
+    draws = [sample_depth(0, s, 2, 4) for s in range(3000)]
+    assert {d: round(draws.count(d) / 3000, 1) for d in (2, 3, 4)} == {2: 0.3, 3: 0.3, 4: 0.3}  # 1/3 each
+    assert set(draws) == {2, 3, 4}
+
+
+def test_a_rand_depth_step_is_the_fixed_depth_model_at_the_sampled_depth(corpus, tmp_path):
+    cfg = tiny_config({"depth": 3}, rand_depth=True)
+    trainer = fresh(cfg, corpus, tmp_path / "r")
+    depths = []
+    for step in range(4):
+        depths.append(trainer.step_depth(step))
+        fixed = DormouseLM(dataclasses.replace(cfg.model, depth=depths[-1]), seed=cfg.train.seed)
+        fixed.load_state_dict(trainer.model.state_dict())
+        x, y = trainer.sampler.batch(cfg.train.seed, step)
+        assert trainer.train_step(step) == fixed(x, y).ce.item(), step  # exactly
+    assert depths == [2, 1, 1, 1]  # sample_depth(0, step, 1, 3), pinned above
+    trainer.step = 4
+    assert trainer.evaluate([1.0], [1.0])["depth"] == "1..3(mean1.25)"  # what training ran; the eval runs 3
+    assert trainer.depths == []

@@ -7,11 +7,14 @@ embedding and all earlier layer outputs (the embedding is always a source). Recu
 (iteration, layer): iteration 2 of layer 0 has its own KDA state, conv tail or KV cache.
 
 `forward` scores a whole sequence; `step` advances one byte carrying every layer's state and gives
-the same logits as the full forward (a test says so).
+the same logits as the full forward (a test says so). Optional arms of the loop (model/loop.py): a
+forward at a smaller depth (`--rand-depth`), gradients through the last iterations only, the
+Mixture-of-Recursions router, and the decode's iteration cap and CALM-lite early exit.
 """
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +29,7 @@ from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow
 from dormouse.model.ffn import make_ffn
 from dormouse.model.init import normal_init_
 from dormouse.model.kda import KDALayer
+from dormouse.model.loop import LoopPlan, MoRRouter, Stream, check_exit, top1_probability
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm, set_norm_backend
 
@@ -51,6 +55,19 @@ class ModelCache:
     mixers: list
     position: int
     engram: EngramCache | None = None
+    iterations: int = 0  # loop iterations the call that made this cache ran (0: no byte yet)
+
+
+@dataclass
+class Trunk:
+    """What the looped block gives back."""
+
+    h: torch.Tensor  # the hidden state the head reads
+    caches: list  # one mixer cache per unrolled (iteration, layer)
+    aux: dict  # each auxiliary term by name
+    engram: EngramStats | None  # rows/arms the memories looked up
+    tails: dict  # {insertion layer: its engram conv tail}
+    iterations: int  # iterations run; at decode the rest only advanced their mixer states
 
 
 class Layer(nn.Module):
@@ -89,6 +106,11 @@ class Layer(nn.Module):
             a, cache = self.mixer(h, cache), None
         f, aux = self.ffn(self.ffn_norm(x + a))
         return a + f, aux, cache
+
+    def advance_state(self, x: torch.Tensor, cache):
+        """The mixer's state after one more position x [B,d]; its output is dropped, the FFN not run."""
+        _, cache = self.mixer.step(self.mixer_norm(x), cache)
+        return cache
 
 
 class DormouseLM(nn.Module):
@@ -137,45 +159,70 @@ class DormouseLM(nn.Module):
             self.lm_head = nn.Linear(d, VOCAB, bias=False, device="meta").to_empty(device="cpu")
             normal_init_(self.lm_head.weight, gen)
             self.lm_head._dormouse_route = "adamw_decay"  # the head is not a hidden matrix
+        self.router = None  # drawn last, so the other weights do not depend on the arm
+        if cfg.mor:
+            self.router = MoRRouter(d, cfg.depth - 1, cfg.mor_capacity, generator=gen)
         set_norm_backend(self, cfg.norm_backend)
 
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
 
-    def _trunk(self, e, caches, *, keys=None, conv=None, slots=0, step=False, want_cache=False):
-        """The looped block on embedded input e; `caches` holds one entry per unrolled layer, or None.
+    def _trunk(self, e, caches, plan: LoopPlan, *, keys=None, conv=None, slots=0, step=False, want_cache=False):
+        """The looped block on embedded input e, run as `plan` says; `caches` holds one entry per unrolled
+        layer, or None.
 
         `keys` {insertion layer: engram keys of the byte positions} (the last positions of e, after
         `slots` memory slots); in the first iteration each memory's output joins the input of its
         block layer. `conv` {insertion layer: conv tail} continues the memories' convs (None: from the
-        sequence start). Returns (h, caches, aux terms, engram stats, conv tails).
+        sequence start). Auxiliary terms: each layer term averaged over the layer applications run,
+        MoR's `mor_router` over the routed iterations. Returns a Trunk.
         """
-        new_caches, aux_terms, stats, tails = [], {}, None, {}
-        x, sources = e, [e]  # residual stream, or AttnRes sources
-        for r in range(self.cfg.depth):
-            if r and self.attn_res is None:
-                x = x + e  # re-inject the embedding each iteration (AttnRes always sees it as a source)
-            for j, layer in enumerate(self.layers):
-                if keys is not None and r == 0 and j in keys:
-                    h = x if self.attn_res is None else self.attn_res[j](sources)
-                    delta, read, tails[j] = self._memory(j, h, keys[j], (conv or {}).get(j), slots)
-                    stats = read if stats is None else stats + read
-                    if self.attn_res is None:
-                        x = x + delta
-                    else:
-                        sources.append(delta)
-                cache = None if caches is None else caches[r * len(self.layers) + j]
-                inp = x if self.attn_res is None else self.attn_res[j](sources)
-                delta, aux, cache = layer(inp, cache, step=step, want_cache=want_cache)
-                if self.attn_res is None:
-                    x = x + delta
-                else:
-                    sources.append(delta)
-                new_caches.append(cache)
-                for name, value in aux.items():
-                    aux_terms[name] = aux_terms.get(name, 0.0) + value
-        h = x if self.attn_res is None else self.attn_res[-1](sources)
-        n = self.cfg.depth * len(self.layers)
-        return h, new_caches, {name: value / n for name, value in aux_terms.items()}, stats, tails
+        stream = Stream(e, self.attn_res)
+        out = Trunk(h=e, caches=[], aux={}, engram=None, tails={}, iterations=0)
+        router_bce = []
+        for r in range(plan.depth):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
+                bce = self._iteration(r, stream, caches, plan, out, keys, conv, slots, step, want_cache)
+            router_bce += [] if bce is None else [bce]
+            out.iterations = r + 1
+            if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
+                break
+        out.h = stream.input(-1)
+        out.aux = {name: value / (out.iterations * len(self.layers)) for name, value in out.aux.items()}
+        if router_bce:
+            out.aux["mor_router"] = torch.stack(router_bce).mean()
+        if step:
+            out.caches += self._advance_skipped(out.h, caches[len(out.caches) :])
+        return out
+
+    def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache):
+        """Loop iteration r over the block's layers: updates `stream` and `out` (caches, summed layer
+        terms, engram stats and tails); returns MoR's BCE term of this iteration (None when not routed)."""
+        entering, gate, bce = stream.x, None, None
+        if r:
+            stream.reinject()
+            if self.router is not None:
+                taken, gate, bce = self.router(r, entering, plan.causal)
+        for j, layer in enumerate(self.layers):
+            if keys is not None and r == 0 and j in keys:
+                delta, read, out.tails[j] = self._memory(j, stream.input(j), keys[j], (conv or {}).get(j), slots)
+                out.engram = read if out.engram is None else out.engram + read
+                stream.add(delta)
+            cache = None if caches is None else caches[r * len(self.layers) + j]
+            delta, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache)
+            stream.add(delta if gate is None else gate * delta)
+            out.caches.append(cache)
+            for name, value in aux.items():
+                out.aux[name] = out.aux.get(name, 0.0) + value
+        if gate is not None:  # MoR: a position not taken leaves the iteration as it entered it
+            stream.x = torch.where(taken.unsqueeze(-1), stream.x, entering)
+        return bce
+
+    def _advance_skipped(self, h, skipped: list) -> list:
+        """Decode exit: every skipped (iteration, layer) entry still takes in this position, with the
+        exited hidden state h (what the head read) as its mixer's input, as CALM copies the exited
+        state to the skipped layers; the mixer's output is dropped and the FFN, stateless, not run.
+        `skipped` starts at an iteration boundary, so entry i belongs to block layer i mod layers."""
+        return [self.layers[i % len(self.layers)].advance_state(h, cache) for i, cache in enumerate(skipped)]
 
     def _memory(self, j, h, keys, conv_tail, slots):
         """The engram memory of block layer j on its input h: (what it adds, stats, its conv tail)."""
@@ -217,13 +264,19 @@ class DormouseLM(nn.Module):
         cache: ModelCache | None = None,
         return_cache: bool = False,
         use_memory: bool = True,
+        depth: int | None = None,
+        grad_iterations: int = 0,
     ) -> Output:
         """input_ids [B,T] int64; targets [B,T] (the next byte of each input) or None.
 
         `cache` continues a sequence (prefill then decode); the memory slots are prepended only when
-        a sequence starts (cache None).
+        a sequence starts (cache None). `depth` runs fewer loop iterations than the config's (training
+        with --rand-depth; no cache then); `grad_iterations` N > 0 records gradients through the last N
+        iterations only. With MoR, a model in training mode routes by top-k over the sequence, one in
+        eval mode by the causal rule (model/loop.py).
         """
         _check_bytes(input_ids, "input_ids")
+        plan = LoopPlan(self._depth(depth, cache is not None or return_cache), grad_iterations, not self.training)
         e = self.embed(input_ids)
         slots = 0
         if cache is None and self.memory is not None:
@@ -232,23 +285,32 @@ class DormouseLM(nn.Module):
         keys, window = self._engram_keys(input_ids, cache, return_cache)
         mixers = None if cache is None else cache.mixers
         conv = None if cache is None or cache.engram is None else cache.engram.conv
-        h, caches, aux, stats, tails = self._trunk(
-            e, mixers, keys=keys, conv=conv, slots=slots, want_cache=return_cache
-        )
-        logits = self._head(h[:, slots:])
-        out = Output(logits=logits, aux=aux, engram=stats)
+        trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache)
+        logits = self._head(trunk.h[:, slots:])
+        out = Output(logits=logits, aux=trunk.aux, engram=trunk.engram)
         if return_cache:
             seen = 0 if cache is None else cache.position
-            engram = None if window is None else EngramCache(window, tails)
-            out.cache = ModelCache(caches, seen + input_ids.shape[1], engram)
+            engram = None if window is None else EngramCache(window, trunk.tails)
+            out.cache = ModelCache(trunk.caches, seen + input_ids.shape[1], engram, trunk.iterations)
         if targets is not None:
             _check_bytes(targets, "targets")
             out.ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
-            out.loss = out.ce + self.aux_weights_sum(aux)
+            out.loss = out.ce + self.aux_weights_sum(trunk.aux)
         return out
 
+    def _depth(self, depth: int | None, cached: bool) -> int:
+        """The loop depth of a forward: the config's unless a smaller one is asked for, never with a cache
+        (a decode state holds every iteration of the config's depth)."""
+        if depth is None:
+            return self.cfg.depth
+        if not 1 <= depth <= self.cfg.depth:
+            raise ValueError(f"depth {depth} is outside [1, {self.cfg.depth}] (the config's depth)")
+        if cached and depth != self.cfg.depth:
+            raise ValueError(f"a forward with a decode cache runs the config's depth {self.cfg.depth}, not {depth}")
+        return depth
+
     def aux_weights_sum(self, aux: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        weights = {"moe_balance": self.cfg.moe_balance_weight}
+        weights = {"moe_balance": self.cfg.moe_balance_weight, "mor_router": self.cfg.mor_aux_weight}
         return sum((weights[name] * value for name, value in aux.items()), 0.0)
 
     @torch.no_grad()
@@ -263,22 +325,40 @@ class DormouseLM(nn.Module):
             # No bytes yet, but the slots must take the same path as in a full forward (with AttnRes the
             # engram outputs are sources, zero at the slots).
             keys = {j: torch.empty(batch_size, 0, m.arms, dtype=torch.int64, device=device) for j, m in memories}
-            _, caches, _, _, tails = self._trunk(e, None, keys=keys or None, slots=e.shape[1], want_cache=True)
+            trunk = self._trunk(e, None, LoopPlan(self.cfg.depth), keys=keys or None, slots=e.shape[1], want_cache=True)
+            caches, tails = trunk.caches, trunk.tails
         return ModelCache(caches, 0, None if window is None else EngramCache(window, tails))
 
     @torch.no_grad()
-    def step(self, byte: torch.Tensor, cache: ModelCache) -> tuple[torch.Tensor, ModelCache]:
-        """One position: byte [B] int64 -> (logits [B, 256], cache)."""
+    def step(
+        self, byte: torch.Tensor, cache: ModelCache, *, max_iter: int | None = None, exit_threshold: float = 1.0
+    ) -> tuple[torch.Tensor, ModelCache]:
+        """One position: byte [B] int64 -> (logits [B, 256], cache).
+
+        `max_iter` caps the loop iterations (default: the depth). CALM-lite: with `exit_threshold` P < 1
+        the loop stops after the first iteration whose head is confident, top-1 probability ≥ P in every
+        row; 1.0 never exits. The iterations not run still advance their mixer states
+        (`_advance_skipped`); the returned cache's `iterations` says how many ran.
+        """
         _check_bytes(byte, "byte")
+        max_iter = self.cfg.depth if max_iter is None else max_iter
+        check_exit(self.cfg.depth, max_iter, exit_threshold)
+        exit_after = partial(self._confident, exit_threshold) if exit_threshold < 1 else None
         engram, keys, conv = cache.engram, None, None
         if engram is not None:
             keys, conv = {}, engram.conv
             for j, m in self._memories():
                 keys[j], window = m.step_keys(engram.window, byte)
-        h, caches, _, _, tails = self._trunk(self.embed(byte), cache.mixers, keys=keys, conv=conv, step=True)
+        plan = LoopPlan(max_iter, exit_after=exit_after)
+        trunk = self._trunk(self.embed(byte), cache.mixers, plan, keys=keys, conv=conv, step=True)
         if engram is not None:
-            engram = EngramCache(window, tails)
-        return self._head(h), ModelCache(caches, cache.position + 1, engram)
+            engram = EngramCache(window, trunk.tails)
+        return self._head(trunk.h), ModelCache(trunk.caches, cache.position + 1, engram, trunk.iterations)
+
+    def _confident(self, threshold: float, h: torch.Tensor) -> bool:
+        """CALM-lite's exit test on the hidden state h [B,d]: every row's top-1 probability ≥ threshold
+        (the batch exits together, as in t5x's CALM)."""
+        return bool((top1_probability(self._head(h)) >= threshold).all())
 
     # ---- checkpoint parts: the engram tables travel in their own file, stamped with their keys ----
 

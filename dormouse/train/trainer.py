@@ -23,8 +23,9 @@ from dormouse.config import Config
 from dormouse.data.sampler import Sampler
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
-from dormouse.evaluation import NonFiniteError, append_jsonl, eval_line, eval_record, heldout_score
+from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
+from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
@@ -45,6 +46,7 @@ class Trainer:
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
+        self.depths: list[int] = []  # loop depths of the training steps since the last eval
         self.saved_step = None
         self.run_id = secrets.token_hex(6)
         if resume:
@@ -109,13 +111,20 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def step_depth(self, step: int) -> int:
+        """The loop depth training step `step` runs: sampled under --rand-depth, else the config's."""
+        m, t = self.cfg.model, self.cfg.train
+        return sample_depth(t.seed, step, t.rand_depth_min, m.depth) if t.rand_depth else m.depth
+
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
         t = self.cfg.train
         x, y = (z.to(self.device) for z in self.sampler.batch(t.seed, step))
         self.opt.set_lr(lr_multiplier(step, t))
+        depth = self.step_depth(step)
+        self.depths.append(depth)
         with self.autocast():
-            out = self.model(x, y)
+            out = self.model(x, y, depth=depth, grad_iterations=t.rand_depth_bptt)
         for name, value in {"loss": out.loss, "ce": out.ce, **out.aux}.items():
             if not torch.isfinite(value).all():
                 raise NonFiniteError(f"step {step}: training {name} is {value.item()}; stopping before the update")
@@ -182,9 +191,10 @@ class Trainer:
             train_ce=sum(window_ce) / len(window_ce) if window_ce else None,
             tokens=self.step * t.batch_size * t.seq_len,
             ms_per_step=sorted(window_ms)[len(window_ms) // 2] if window_ms else None,
-            depth=self.cfg.model.depth,
+            depth=depth_field(self.cfg, self.depths),
             stress=self.stress.summary(),
         )
+        self.depths = []
         counters.KDA.reset(), counters.NORM.reset()
         ledger.COUNTS.clear()
         append_jsonl(self.run / "metrics.jsonl", record)
