@@ -284,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model before the first step")
     p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed steps, N more under torch.profiler; its op table goes in the log (default 0)",
+    )
+    p.add_argument(
         "--op",
         choices=("step", "kda"),
         default="step",

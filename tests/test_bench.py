@@ -148,7 +148,7 @@ def test_bench_op_kda_times_the_op_alone(tmp_path, monkeypatch):
 
 def test_bench_op_kda_refuses_what_does_not_apply(corpus_dir, capsys):
     assert main(["bench", "--op", "kda", "--data", str(corpus_dir), "--device", "cpu"]) == 2
-    assert "--compile and --data do not apply" in capsys.readouterr().err
+    assert "--compile, --data and --profile do not apply" in capsys.readouterr().err
     assert main(["bench", "--op", "kda", "--no-kda", "--device", "cpu"]) == 2
     assert "drop --no-kda" in capsys.readouterr().err
 
@@ -163,3 +163,15 @@ def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
     assert arms_of(train={"rand_depth": True}).endswith(",rand_depth=1-2")
     assert arms_of({"depth": 3}, {"rand_depth": True, "rand_depth_bptt": 1}).endswith(",rand_depth=1-3/bptt1")
     assert arms_of({"mor": True, "mor_capacity": 0.25}).endswith(",mor=0.25")
+
+
+def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "CPU_PEAK_N", 256)
+    history, logs = tmp_path / "history.tsv", tmp_path / "logs"
+    argv = ["bench", "--data", str(corpus_dir), *TINY, "--steps", "2", "--warmup", "1", "--profile", "1"]
+    assert main([*argv, "--history", str(history), "--log-dir", str(logs)]) == 0
+    (row,) = read_rows(history)
+    assert row["steps"] == "2"  # the profiled step is not a timed step
+    log = next(logs.iterdir()).read_text()
+    assert "---- torch.profiler over 1 more step(s), not timed" in log and "Self CPU" in log
+    assert log.count(" timed ms=") == 2

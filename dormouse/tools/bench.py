@@ -297,13 +297,24 @@ def cli(args) -> int:
             raise ConfigError(f"{root} is not a dormouse checkout (no benches/): pass --history and --log-dir")
     history = Path(args.history) if args.history else root / "benches" / "history.tsv"
     log_dir = Path(args.log_dir) if args.log_dir else root / "benches" / "logs"
+    if args.profile < 0:
+        raise ConfigError(f"--profile {args.profile}: a number of steps, 0 or more")
     if args.op == "kda":
-        if args.compile or args.data:
-            raise ConfigError("--op kda times the KDA op alone on synthetic inputs: --compile and --data do not apply")
+        if args.compile or args.data or args.profile:
+            raise ConfigError(
+                "--op kda times the KDA op alone on synthetic inputs: --compile, --data and --profile do not apply"
+            )
         row, log_path = bench_kda_op(cfg, steps=steps, warmup=args.warmup, note=args.note, log_dir=log_dir)
     else:
         row, log_path = bench(
-            cfg, steps=steps, warmup=args.warmup, compiled=args.compile, data=args.data, note=args.note, log_dir=log_dir
+            cfg,
+            steps=steps,
+            warmup=args.warmup,
+            compiled=args.compile,
+            data=args.data,
+            note=args.note,
+            log_dir=log_dir,
+            profiled=args.profile,
         )
     append_row(history, row)
     print(f"bench: appended a row to {history}; log {log_path}")
@@ -320,6 +331,7 @@ def bench(
     compiled: bool,
     data,
     note: str,
+    profiled: int = 0,
     log_dir: Path,
 ) -> tuple[dict[str, str], Path]:
     """Run the bench; write the log; return (the TSV row, the log path)."""
@@ -384,6 +396,7 @@ def bench(
         fallbacks = ledger.counted_summary()
         dynamo = _dynamo_stats() if compiled else None
         mem_gib, mem_source = peak_memory(device)
+        profile = _profile_steps(trainer, warmup + steps, profiled, device) if profiled else None
         del trainer
     load_end = os.getloadavg()[0]
 
@@ -421,6 +434,7 @@ def bench(
         f"kernel counters, timed steps: {counts['timed']}",
         f"fallbacks (COUNTED ledger sites, all steps): {fallbacks}",
         *([f"torch._dynamo counters: {dynamo}"] if dynamo is not None else []),
+        *([f"---- torch.profiler over {profiled} more step(s), not timed", profile] if profile else []),
         f"peak memory: {mem_gib:.4f} GiB ({mem_source})",
         f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
@@ -510,6 +524,23 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("\n".join(log) + "\n")
     return row, log_path
+
+
+PROFILE_ROWS = 40
+
+
+def _profile_steps(trainer, first_step: int, n: int, device: torch.device) -> str:
+    """torch.profiler's table of `n` further training steps (after the timed ones, which it never
+    slows), the ops sorted by their own device time (CPU time on the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for s in range(first_step, first_step + n):
+            trainer.train_step(s)
+        _sync(device)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
 
 
 def timing_columns(times: list[float], warmup: int, positions: int, flops: float, peak: float) -> dict[str, str]:
