@@ -12,8 +12,8 @@ from dormouse.config import SECTIONS
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-# Flags of other programs that the docs quote (pip, pytest, git).
-FOREIGN = {"--no-index", "--no-deps", "--target", "--durations"}
+# Flags of other programs that the docs quote (pip, pytest, git, torchrun).
+FOREIGN = {"--no-index", "--no-deps", "--target", "--durations", "--standalone", "--nproc-per-node"}
 
 
 def cli_flags() -> set[str]:

@@ -3,7 +3,9 @@
 Training batches are a pure function of (seed, step, split): B window offsets drawn uniformly from
 `rng.generator(seed, step, "batch")`, each window T + 1 bytes, inputs its first T, targets its last
 T (the next byte of each input). No global RNG is read or advanced, so a resume at step s draws
-exactly the batch the uninterrupted run drew.
+exactly the batch the uninterrupted run drew. Under data parallelism rank r of W reads rows
+`rank_rows(B, r, W)` of that same batch: a pure function of (seed, step, rank, W), and the ranks' rows,
+in rank order, are the one-process batch.
 
 The held-out eval walks the held-out split in order instead of sampling it: window i has inputs
 bytes [i·T, i·T + T) and targets [i·T + 1, i·T + T + 1), so every held-out byte after the first is
@@ -18,7 +20,7 @@ import torch
 
 from dormouse import rng
 from dormouse.data.shards import Corpus
-from dormouse.errors import DataError
+from dormouse.errors import ConfigError, DataError
 
 
 class Sampler:
@@ -34,10 +36,14 @@ class Sampler:
         gen = rng.generator(seed, step, "batch")
         return torch.randint(0, size - self.seq_len, (self.batch_size,), generator=gen)
 
-    def batch(self, seed: int, step: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_ids, targets), int64 [B, T]; targets[b, t] is the byte after input_ids[b, t]."""
-        windows = np.empty((self.batch_size, self.seq_len + 1), np.uint8)
-        for row, offset in enumerate(self.offsets(seed, step, split).tolist()):
+    def batch(
+        self, seed: int, step: int, split: str = "train", *, rank: int = 0, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, targets), int64 [B / world_size, T]: `rank`'s rows of batch (seed, step);
+        targets[b, t] is the byte after input_ids[b, t]."""
+        rows = rank_rows(self.batch_size, rank, world_size)
+        windows = np.empty((len(rows), self.seq_len + 1), np.uint8)
+        for row, offset in enumerate(self.offsets(seed, step, split)[rows.start : rows.stop].tolist()):
             windows[row] = self.corpus.read(split, offset, self.seq_len + 1)
         x = torch.from_numpy(windows).long()
         return x[:, :-1].contiguous(), x[:, 1:].contiguous()
@@ -50,6 +56,22 @@ class Sampler:
                 f"seq_len + 1 = {self.seq_len + 1}: no training window fits"
             )
         return size
+
+
+def rank_rows(batch_size: int, rank: int, world_size: int) -> range:
+    """The rows of a batch that `rank` of `world_size` reads: the block [rank·B/W, (rank+1)·B/W).
+
+    Every rank gets B/W rows of T targets, so the mean of the ranks' mean losses is the batch's mean.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size}")
+    if batch_size % world_size:
+        raise ConfigError(
+            f"batch_size {batch_size} is not divisible by the world size {world_size} (torchrun --nproc-per-node): "
+            "each rank trains batch_size / world_size rows of every batch"
+        )
+    per_rank = batch_size // world_size
+    return range(rank * per_rank, (rank + 1) * per_rank)
 
 
 def count_heldout_targets(corpus: Corpus, max_bytes: int | None = None) -> int:

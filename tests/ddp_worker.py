@@ -1,0 +1,80 @@
+"""Worker of tests/test_distributed.py, run under torchrun (gloo, one thread per rank):
+
+    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py train CORPUS OUT SINGLE_RUN
+    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py hang CORPUS OUT
+
+`train`: trains OUT/run with `tiny_config()` under --parallel ddp (rank 0 writes it) and saves each
+rank's model state to OUT/rank-<r>.pt; then resumes SINGLE_RUN (a one-process run of the same config)
+at this world size and writes the eval of its last checkpoint to OUT/resumed-<r>.json; last, trains
+OUT/unused with `UNUSED` (steps where parameters get no gradient) and saves OUT/unused-<r>.pt; then a
+step whose loss is NaN on rank 1 only: each rank writes the error it raised to OUT/nan-<r>.txt.
+`hang`: rank 1 sleeps instead of joining the first collective; rank 0 must fail within `dist_timeout`.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dormouse import config
+from dormouse.data.shards import load_corpus
+from dormouse.distributed import joined
+from dormouse.evaluation import NonFiniteError
+from dormouse.train.trainer import Trainer
+
+MODEL = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 1024, "engram_dim": 8}
+TRAIN = {"seq_len": 32, "batch_size": 4, "steps": 4, "warmup_steps": 2, "eval_every": 2, "ckpt_every": 2}
+
+
+def tiny_config(model=None, **train):
+    """The test's config; `parallel` resolves to ddp under torchrun (WORLD_SIZE 2), to none alone."""
+    layers = {"model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train}}
+    return config.resolve(config.build("nano", layers), cuda_available=False)
+
+
+# Steps that leave parameters without a gradient: experts no row chose, and at depth 2 with one
+# iteration of backprop the memory (first iteration only) and the first iteration's inputs.
+UNUSED = {"model": {"n_experts": 4}, "rand_depth": True, "rand_depth_bptt": 1, "steps": 3, "eval_every": 3}
+
+
+def train(corpus_dir: str, out: str, single_run: str) -> None:
+    corpus, out = load_corpus(corpus_dir), Path(out)
+    cfg = tiny_config()
+    with joined(cfg.train) as world:
+        trainer = Trainer(cfg, corpus, out / "run", corpus_note="ddp test", world=world)
+        trainer.run_loop()
+        torch.save(trainer.model.state_dict(), out / f"rank-{world.rank}.pt")
+        resumed = Trainer(cfg, corpus, single_run, corpus_note="ddp test", resume=True, world=world)
+        record = resumed.evaluate([], [])
+        (out / f"resumed-{world.rank}.json").write_text(json.dumps(record))
+        sparse = Trainer(tiny_config(**UNUSED), corpus, out / "unused", corpus_note="ddp test", world=world)
+        sparse.run_loop()
+        torch.save(sparse.model.state_dict(), out / f"unused-{world.rank}.pt")
+        poisoned = Trainer(tiny_config(), corpus, out / "nan", corpus_note="ddp test", world=world)
+        if world.rank == 1:  # a NaN loss on one rank only
+            forward = poisoned.model.forward
+            poisoned.model.forward = lambda *args, **kwargs: _nan_loss(forward(*args, **kwargs))
+        try:
+            poisoned.train_step(0)
+        except NonFiniteError as e:
+            (out / f"nan-{world.rank}.txt").write_text(str(e))
+
+
+def _nan_loss(out):
+    out.loss = out.loss * float("nan")
+    return out
+
+
+def hang(corpus_dir: str, out: str) -> None:
+    cfg = tiny_config(dist_timeout=3.0)
+    with joined(cfg.train) as world:
+        if world.rank == 1:
+            time.sleep(60)
+        Trainer(cfg, load_corpus(corpus_dir), Path(out) / "run", corpus_note="ddp test", world=world)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    {"train": train, "hang": hang}[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,180 @@
+"""Data parallelism gates (CPU, gloo, 2 processes under torchrun, tests/ddp_worker.py): DDP equals one
+process on the same global batch, the replicas (engram tables included) stay bit-identical, a NaN on one
+rank stops both, `torchrun -m dormouse train` is that run, checkpoints reload at another world size with
+the identical eval score, and a hung rank is an error within the timeout. Three launches, ~50 s on 2 cores."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dormouse import checkpoint, config, rng
+from dormouse.cli import build_parser, main
+from dormouse.data.prepare import prepare
+from dormouse.data.sampler import Sampler, rank_rows
+from dormouse.data.shards import load_corpus
+from dormouse.distributed import joined
+from dormouse.errors import ConfigError
+from dormouse.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "ddp_worker.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+sys.path.insert(0, str(WORKER.parent))
+from ddp_worker import MODEL, TRAIN, tiny_config  # noqa: E402
+
+# DDP is not bitwise equal to one process: one process sums each gradient over all B rows inside
+# each matmul's reduction, DDP sums over B/2 rows per rank and then adds the two halves (fp32 addition
+# does not associate). Measured over the 4 steps here: losses within 2e-7 relative, every weight within
+# 7e-7 absolute; the tolerance leaves a margin of 10-50x. The eval's score is bitwise (see below).
+REL, ABS = 1e-5, 1e-5
+
+
+def torchrun(*args, timeout=120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    text = bytes(torch.randint(97, 123, (6000,), generator=rng.generator(0, 0, "test")).tolist())
+    (root / "text.txt").write_bytes(text * 2)
+    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
+    return load_corpus(root / "prepared")
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory, one_thread):
+    """A one-process run and the DDP run of the same config, and what each rank held at the end."""
+    out = tmp_path_factory.mktemp("ddp")
+    single = Trainer(tiny_config(), corpus, out / "single", corpus_note="test")
+    single.run_loop()
+    single_evals = records(single.run, "eval")  # before the workers resume the run and add an eval
+    started = time.monotonic()
+    done = torchrun(WORKER, "train", corpus.root, out, out / "single")
+    assert done.returncode == 0, done.stderr[-4000:]
+    print(f"torchrun train: {time.monotonic() - started:.1f} s")
+    ranks = [torch.load(out / f"rank-{r}.pt", weights_only=True) for r in (0, 1)]
+    resumed = [json.loads((out / f"resumed-{r}.json").read_text()) for r in (0, 1)]
+    return single, single_evals, out, ranks, resumed
+
+
+def records(run, kind):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_rank_slices_are_disjoint_and_make_up_the_one_process_batch(corpus):
+    sampler = Sampler(corpus, 4, 32)
+    x, y = sampler.batch(0, 3)
+    halves = [sampler.batch(0, 3, rank=r, world_size=2) for r in (0, 1)]
+    assert torch.equal(torch.cat([h[0] for h in halves]), x) and torch.equal(torch.cat([h[1] for h in halves]), y)
+    assert [list(rank_rows(8, r, 4)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(ConfigError, match="batch_size 6 is not divisible by the world size 4"):
+        rank_rows(6, 0, 4)
+
+
+def test_parallel_resolves_from_the_launch_and_refuses_what_is_not_built(monkeypatch):
+    assert tiny_config().train.parallel == "none"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert tiny_config().train.parallel == "ddp"
+    with pytest.raises(ConfigError, match="parallel none under torchrun with WORLD_SIZE 2"):
+        tiny_config(parallel="none")
+    with pytest.raises(ConfigError, match="parallel fsdp .FSDP2. is not built"):
+        tiny_config(parallel="fsdp")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ConfigError, match="parallel ddp needs torchrun's environment"):
+        with joined(tiny_config(parallel="ddp").train):
+            pass
+
+
+def test_resume_decides_parallel_by_its_own_launch(monkeypatch):
+    saved = tiny_config()  # a one-process run
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = build_parser().parse_args(["train", "--resume", "RUN", "--dist-timeout", "30"])
+    resumed = config.resume_config(saved, args)
+    assert (resumed.train.parallel, resumed.train.dist_timeout) == ("ddp", 30.0)
+    monkeypatch.delenv("WORLD_SIZE")
+    alone = config.resume_config(resumed, build_parser().parse_args(["train", "--resume", "RUN"]))
+    assert alone.train.parallel == "none"
+
+
+def test_ddp_on_two_ranks_equals_one_process_on_the_same_global_batch(runs):
+    single, single_evals, out, ranks, _ = runs
+    run = out / "run"
+    one, two = records(single.run, "train"), records(run, "train")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]  # rank 0 alone writes: one record per step
+    assert [r["ce"] for r in two] == pytest.approx([r["ce"] for r in one], rel=REL)
+    assert two[0]["ce"] == pytest.approx(one[0]["ce"], rel=1e-6)
+    evals_one, evals_two = single_evals, records(run, "eval")
+    assert [e["step"] for e in evals_two] == [2, 4]
+    assert [e["bpb"] for e in evals_two] == pytest.approx([e["bpb"] for e in evals_one], rel=REL)
+    assert [e["engram"] for e in evals_two] == [e["engram"] for e in evals_one]  # keys depend on bytes only
+    # Every rank holds the same replica, bit for bit, the engram tables included.
+    assert ranks[0].keys() == ranks[1].keys()
+    assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), "replicas differ"
+    state = single.model.state_dict()
+    for name, value in state.items():
+        torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=name)
+    log = (run / "train.log").read_text()
+    assert log.count("\nparallel: ddp, 2 ranks (gloo)") == 1 and log.count("eval step=4 ") == 1
+
+
+def test_ddp_steps_where_parameters_get_no_gradient(runs):
+    """Unchosen experts and, under rand_depth_bptt, the memory: DDP finds them; the replicas stay equal."""
+    out = runs[2]
+    states = [torch.load(out / f"unused-{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0]), "replicas differ"
+    assert [r["step"] for r in records(out / "unused", "train")] == [1, 2, 3]
+    assert [e["step"] for e in records(out / "unused", "eval")] == [3]
+
+
+def test_a_nan_on_one_rank_stops_every_rank_at_that_step(runs):
+    out = runs[2]
+    for r in (0, 1):
+        assert (out / f"nan-{r}.txt").read_text() == "step 0: training loss is nan; stopping before the update"
+
+
+def test_torchrun_m_dormouse_train_is_the_same_run(runs, corpus, tmp_path):
+    """The command line under torchrun: rank 0 alone prints and writes, and the run is the worker's, bitwise."""
+    run = runs[2] / "run"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**MODEL, **TRAIN}.items()]
+    done = torchrun("-m", "dormouse", "train", "--data", corpus.root, "--out", tmp_path / "cli", *flags)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("curves: ") == 1 and done.stdout.count("eval step=4 ") == 1
+    assert "parallel: ddp, 2 ranks (gloo)" in done.stdout
+    assert records(tmp_path / "cli", "train") == records(run, "train")
+    assert [e["bpb"] for e in records(tmp_path / "cli", "eval")] == [e["bpb"] for e in records(run, "eval")]
+
+
+def test_checkpoints_reload_at_another_world_size_with_the_identical_eval(runs, corpus, capsys):
+    _, single_evals, out, _, resumed = runs
+    run = out / "run"
+    # 2 → 1: the checkpoint the DDP run's rank 0 wrote is the one-process format; scored alone, the
+    # held-out bpb is the one the two ranks agreed on, bit for bit.
+    last = records(run, "eval")[-1]
+    assert checkpoint.last_step(run) == 4
+    assert main(["eval", str(run), "--ckpt", "last"]) == 0
+    assert f"step=4 bpb={last['bpb']:.4f} " in capsys.readouterr().out
+    alone = Trainer(tiny_config(), corpus, run, corpus_note="test", resume=True)
+    assert alone.evaluate([], [])["bpb"] == last["bpb"]
+    # 1 → 2: a one-process run resumed on two ranks scores its checkpoint exactly as it did alone.
+    assert resumed[0]["bpb"] == resumed[1]["bpb"] == single_evals[-1]["bpb"]
+    assert resumed[0]["engram"] == single_evals[-1]["engram"]
+
+
+def test_a_hung_rank_is_an_error_within_the_timeout(corpus, tmp_path, one_thread):
+    started = time.monotonic()
+    done = torchrun(WORKER, "hang", corpus.root, tmp_path)
+    elapsed = time.monotonic() - started
+    assert done.returncode != 0
+    # gloo's collective timeout (not the rendezvous's): rank 0 waited dist_timeout for rank 1, then raised
+    assert "Timed out waiting 3000ms" in done.stderr, done.stderr[-3000:]
+    assert elapsed < 45, elapsed  # 3 s of dist_timeout plus two start-ups, far below the 60 s sleep
