@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -81,6 +82,13 @@ class ModelConfig:
         lo_open=True,
     )
     mor_aux_weight: float = _f(0.1, "weight of MoR's router BCE term (mor_router) in the loss", lo=0.0)
+    dspark_weight: float = _f(0.0, "weight of the DSpark draft-head term (dspark) in the loss; 0 = off", lo=0.0)
+    dspark_k: int = _f(4, "DSpark: bytes the draft head predicts ahead of each anchor", lo=1, hi=64)
+    dspark_stride: int = _f(16, "DSpark: anchor spacing in byte positions (anchors 0, stride, 2·stride, …)", lo=1)
+    dspark_detach: bool = _f(True, "DSpark: the draft term does not train the trunk (when off, it does)")
+    jepa_weight: float = _f(0.0, "weight of the JEPA latent-prediction term (jepa) in the loss; 0 = off", lo=0.0)
+    jepa_span: int = _f(8, "JEPA: bytes per masked span", lo=1, hi=1024)
+    jepa_spans: int = _f(4, "JEPA: masked spans per sequence", lo=1, hi=256)
 
 
 @dataclass
@@ -110,6 +118,17 @@ class TrainConfig:
     rand_depth: bool = _f(False, "sample each training step's loop depth, uniform over [rand_depth_min, depth]")
     rand_depth_min: int = _f(1, "smallest depth --rand-depth samples", lo=1)
     rand_depth_bptt: int = _f(0, "--rand-depth: only the last N iterations get gradients; 0 = all", lo=0)
+    parallel: str = _f(
+        "auto",
+        "data parallelism: auto = ddp under torchrun with WORLD_SIZE > 1, else none; fsdp is not built",
+        choices=("auto", "none", "ddp", "fsdp"),
+    )
+    dist_timeout: float = _f(
+        600.0,
+        "seconds a collective waits for the other ranks before the run stops with an error (--parallel ddp)",
+        lo=0.0,
+        lo_open=True,
+    )
 
 
 PRESETS: dict[str, dict[str, dict]] = {
@@ -241,6 +260,7 @@ def validate(cfg: Config) -> None:
             "slots must be 0 exactly when the memory is disabled"
         )
     _check_adaptive_depth(m, t)
+    _check_aux_terms(m, t)
     if t.eval_bytes and t.eval_bytes < t.seq_len:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
@@ -292,6 +312,21 @@ def _check_adaptive_depth(m: ModelConfig, t: TrainConfig) -> None:
         )
 
 
+def _check_aux_terms(m: ModelConfig, t: TrainConfig) -> None:
+    """A training sequence too short for DSpark's first window or JEPA's spans would train a term of
+    exactly zero: refused."""
+    if m.dspark_weight and t.seq_len < m.dspark_k + 1 + m.dspark_stride:
+        raise ConfigError(
+            f"seq_len {t.seq_len} is below dspark_k + 1 + dspark_stride = {m.dspark_k + 1 + m.dspark_stride}: "
+            "no DSpark window fits (docs/glossary.md)"
+        )
+    if m.jepa_weight and t.seq_len < m.jepa_span + m.jepa_spans:
+        raise ConfigError(
+            f"seq_len {t.seq_len} is below jepa_span + jepa_spans = {m.jepa_span + m.jepa_spans}: "
+            "the JEPA spans do not fit"
+        )
+
+
 def _check_range(f: dataclasses.Field, value) -> None:
     meta = f.metadata
     if meta["choices"] is not None and value not in meta["choices"]:
@@ -319,6 +354,7 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         import torch
 
         cuda_available = torch.cuda.is_available()
+    t.parallel = resolve_parallel(t.parallel)
     if t.device == "auto":
         t.device = "cuda" if cuda_available else "cpu"
     elif t.device == "cuda" and not cuda_available:
@@ -336,6 +372,22 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
 
     m.norm_backend = resolve_norm_backend(m.norm_backend, t.device)
     return out
+
+
+def resolve_parallel(parallel: str) -> str:
+    """`auto` → ddp when torchrun launched several processes (WORLD_SIZE > 1), else none; refuses the
+    combinations that cannot run (docs/distributed.md)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if parallel == "auto":
+        return "ddp" if world_size > 1 else "none"
+    if parallel == "fsdp":
+        raise ConfigError("parallel fsdp (FSDP2) is not built yet: use --parallel ddp (docs/known-issues.md)")
+    if parallel == "none" and world_size > 1:
+        raise ConfigError(
+            f"parallel none under torchrun with WORLD_SIZE {world_size}: every rank would train the whole batch "
+            "and write the same run directory; use --parallel ddp"
+        )
+    return parallel
 
 
 # ---- CLI flags ----
@@ -395,11 +447,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return resolve(build(preset, overrides))
 
 
-RESUMABLE = {"train.steps", "train.minutes"}
+RESUMABLE = {"train.steps", "train.minutes", "train.parallel", "train.dist_timeout"}
 
 
 def resume_config(saved: Config, args: argparse.Namespace) -> Config:
-    """A resumed run keeps its config; only the training length (--steps, --minutes) may change."""
+    """A resumed run keeps its config; only the training length (--steps, --minutes) and how it runs
+    (--parallel, --dist-timeout: the world size may change) may."""
     if args.preset or args.config:
         raise ConfigError("a resumed run keeps its own config: --preset and --config are refused with --resume")
     out = Config(model=dataclasses.replace(saved.model), train=dataclasses.replace(saved.train), preset=saved.preset)
@@ -408,8 +461,13 @@ def resume_config(saved: Config, args: argparse.Namespace) -> Config:
             continue
         if dest not in RESUMABLE:
             flag = "--" + dest.split(".", 1)[1].replace("_", "-")
-            raise ConfigError(f"{flag} cannot change on --resume: only --steps and --minutes may")
+            raise ConfigError(
+                f"{flag} cannot change on --resume: only --steps, --minutes, --parallel and --dist-timeout may"
+            )
         section, key = dest.split(".", 1)
         setattr(getattr(out, section), key, value)
+    if vars(args).get("train.parallel") is None:
+        out.train.parallel = "auto"  # decided by this launch, not the saved one's
+    out.train.parallel = resolve_parallel(out.train.parallel)
     validate(out)
     return out

@@ -3,12 +3,16 @@
 The eval scores the held-out split through the same forward the trainer runs (same model, same
 inputs: byte windows, memory slots prepended), walking it in order without overlap
 (`data.sampler.heldout_windows`): every held-out byte after the first is scored once, or the fixed
-prefix of `eval_bytes` bytes. bpb = total cross-entropy in nats / scored bytes / ln 2.
+prefix of `eval_bytes` bytes. bpb = total cross-entropy in nats / scored bytes / ln 2. The auxiliary
+objectives (`dspark`, `jepa`) are scored on the same windows, each a mean over its own windows
+(anchors, spans): exactly 0 when none fits, `off` when its weight is 0. Under data
+parallelism the ranks share the walk's batches and add the per-batch sums in batch order, so the score
+does not depend on the world size.
 """
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +20,13 @@ import torch.nn.functional as F
 from dormouse import counters, ledger
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
+from dormouse.distributed import World
 from dormouse.errors import DormouseError
-from dormouse.model import fla_kernels
+from dormouse.model import dspark, fla_kernels, jepa
+from dormouse.model.engram import EngramStats
+
+ALONE = World()  # one process: every collective is the identity
+AUX_TERMS = ("dspark", "jepa")  # the auxiliary objectives the eval scores on the held-out windows
 
 
 class NonFiniteError(DormouseError):
@@ -29,6 +38,7 @@ class HeldOut:
     ce: float  # nats per byte
     bytes: int
     engram: str = "off"  # distinct rows read / lookups over the whole eval, all memories ("off": arm off)
+    aux: dict = field(default_factory=dict)  # {term: mean over its held-out windows, or "off"}
 
     @property
     def bpb(self) -> float:
@@ -36,28 +46,80 @@ class HeldOut:
 
 
 @torch.no_grad()
-def heldout_score(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_bytes: int, device, autocast):
-    """Mean cross-entropy over the held-out walk; refuses a non-finite result."""
+def heldout_score(
+    model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_bytes: int, device, autocast, world: World = ALONE
+):
+    """Mean cross-entropy over the held-out walk; refuses a non-finite result.
+
+    Under data parallelism rank r scores the walk's batches i with i mod W = r; the per-batch sums are
+    all-reduced and added in batch order on every rank, the additions one process makes: the same
+    score, bit for bit, at every world size.
+    """
     was_training = model.training
     model.eval()
-    total, scored, engram = 0.0, 0, None
-    for x, y in heldout_windows(corpus, seq_len, batch_size, eval_bytes or None):
+    m, weights = model.cfg, model.aux_weights()
+    mine, engram, batches = {}, None, 0
+    for i, (x, y) in enumerate(heldout_windows(corpus, seq_len, batch_size, eval_bytes or None)):
+        batches = i + 1
+        if i % world.size != world.rank:
+            continue
         x, y = x.to(device), y.to(device)
         with autocast():
-            out = model(x)
+            out = model(x, jepa_starts=_eval_starts(m, i, x.shape))
         logits = out.logits
         if out.engram is not None:  # the same forward as training: the memories' keys come from x
             engram = out.engram if engram is None else engram + out.engram  # rows: a union over batches
-        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
-        scored += y.numel()
+        nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
+        windows = _aux_windows(m, x.shape)
+        aux = [(out.aux[name].item() * n, n) if n else (0.0, 0) for name, n in windows.items()]
+        mine[i] = (nats, y.numel(), *(v for pair in aux for v in pair))
     model.train(was_training)
+    # (nats, bytes, then per auxiliary term: sum over its windows, windows); the other ranks' rows stay 0
+    per_batch = torch.zeros(batches, 2 + 2 * len(AUX_TERMS), dtype=torch.float64)
+    for i, sums in mine.items():
+        per_batch[i] = torch.tensor(sums, dtype=torch.float64)
+    total, scored, aux_sums = 0.0, 0, [0.0] * (2 * len(AUX_TERMS))
+    for nats, count, *aux in world.sum(per_batch).tolist():
+        total += nats
+        scored += int(count)
+        aux_sums = [a + b for a, b in zip(aux_sums, aux, strict=True)]
     expected = count_heldout_targets(corpus, eval_bytes or None)
     if scored != expected:
         raise AssertionError(f"held-out walk scored {scored} bytes, expected {expected}")
     ce = total / scored
     if not math.isfinite(ce):
         raise NonFiniteError(f"held-out cross-entropy is {ce} over {scored} bytes: not a score")
-    return HeldOut(ce=ce, bytes=scored, engram="off" if engram is None else str(engram))
+    engram = _united(engram, world)
+    aux = {}
+    for k, name in enumerate(AUX_TERMS):
+        total_aux, windows = aux_sums[2 * k : 2 * k + 2]
+        aux[name] = "off" if not weights[name] else (total_aux / windows if windows else 0.0)
+    return HeldOut(ce=ce, bytes=scored, engram="off" if engram is None else str(engram), aux=aux)
+
+
+def _eval_starts(m, i: int, shape) -> torch.Tensor | None:
+    """The JEPA span starts of held-out batch i, from the `jepa_eval` stream of seed 0 (the same spans for
+    every run); None when JEPA is off or the window is too short for its spans."""
+    if not m.jepa_weight or not jepa.fits(shape[1], m.jepa_span, m.jepa_spans):
+        return None
+    return jepa.span_starts(0, i, *shape, m.jepa_span, m.jepa_spans, "jepa_eval")
+
+
+def _aux_windows(m, shape) -> dict[str, int]:
+    """{term: its windows in a batch of `shape`}, in AUX_TERMS order: DSpark's anchors, JEPA's spans (0: off)."""
+    batch, length = shape
+    anchors = len(dspark.anchors(length, m.dspark_k, m.dspark_stride))
+    spans = m.jepa_spans if jepa.fits(length, m.jepa_span, m.jepa_spans) else 0
+    return {"dspark": batch * anchors if m.dspark_weight else 0, "jepa": batch * spans if m.jepa_weight else 0}
+
+
+def _united(engram: EngramStats | None, world: World) -> EngramStats | None:
+    """Every rank's engram reads of the eval, united (alone: its own)."""
+    if world.size == 1:
+        return engram
+    mine = None if engram is None else EngramStats({j: r.cpu() for j, r in engram.reads.items()}, engram.arms)
+    parts = [p for p in world.gather_objects(mine) if p is not None]
+    return sum(parts[1:], parts[0]) if parts else None
 
 
 def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, stress) -> dict:
@@ -76,6 +138,7 @@ def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, dept
         "norm": str(counters.NORM),
         "engram": held.engram,
         "depth": depth,
+        **{name: held.aux.get(name, "off") for name in AUX_TERMS},
         "fallbacks": ledger.counted_summary(),
         "stress": stress,
     }
@@ -101,7 +164,8 @@ def _fmt(value) -> str:
 
 
 def eval_line(record: dict) -> str:
-    keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", "kda", "norm", "engram", "depth", "fallbacks")
+    keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", "kda", "norm", "engram", "depth")
+    keys += (*AUX_TERMS, "fallbacks")
     fields = " ".join(f"{k}={_fmt(record[k])}" for k in keys)
     return f"eval {fields} {record['stress']}"
 

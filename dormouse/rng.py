@@ -14,9 +14,11 @@ PURPOSES = frozenset(
         "init",  # parameter initialisation (step is 0)
         "engram_hash",  # engram hash multipliers (step is 0)
         "depth",  # random depth per step
-        "jepa_mask",  # JEPA span mask
+        "jepa_mask",  # JEPA span starts of a training step
+        "jepa_eval",  # JEPA span starts of a held-out eval batch (seed 0: the same for every run)
         "dropout",  # dropout masks
         "decode",  # sampling at decode time
+        "draft",  # speculative decoding's draft samples (step: the drafted byte's position)
         "test",  # tests only
     }
 )

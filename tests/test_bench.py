@@ -163,6 +163,8 @@ def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
     assert arms_of(train={"rand_depth": True}).endswith(",rand_depth=1-2")
     assert arms_of({"depth": 3}, {"rand_depth": True, "rand_depth_bptt": 1}).endswith(",rand_depth=1-3/bptt1")
     assert arms_of({"mor": True, "mor_capacity": 0.25}).endswith(",mor=0.25")
+    assert "dspark" not in arms_of() and "jepa" not in arms_of()
+    assert arms_of({"dspark_weight": 0.1, "jepa_weight": 0.1}).endswith(",dspark=4/16,jepa=4x8")
 
 
 def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeypatch):

@@ -2,8 +2,9 @@ import re
 
 import pytest
 import torch
+from untrained_run import save_untrained_run
 
-from dormouse import checkpoint, config, rng
+from dormouse import config, rng
 from dormouse.cli import main
 from dormouse.decode.generate import Decoder, generate
 from dormouse.errors import DormouseError
@@ -161,15 +162,7 @@ def test_decode_cap_and_threshold_refusals(settings, message):
 
 
 def test_cli_generate_reports_bytes_per_second_and_the_iteration_histogram(tmp_path, capsys):
-    cfg = config.resolve(
-        config.build("nano", {"model": {"d_model": 32, "n_heads": 2, "engram_rows": 512}}), cuda_available=False
-    )
-    model = DormouseLM(cfg.model, seed=cfg.train.seed)
-    model_state, tensors, stamp = model.checkpoint_parts()
-    (tmp_path / "config.json").write_text(cfg.to_json())
-    state = {"run_id": "t", "best_bpb": None, "best_step": None, "sampler": {}, "stress": {}}
-    state["extra"] = {"config": cfg.to_dict(), **stamp}
-    checkpoint.save(tmp_path, 0, model_state=model_state, tensors=tensors, optimizer_state={}, state=state)
+    save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
     argv = ["generate", str(tmp_path), "--ckpt", "last", "--prompt", "ab", "--max-bytes", "5", "--device", "cpu"]
     assert main([*argv, "--gen-max-iter", "1"]) == 0
     err = capsys.readouterr().err

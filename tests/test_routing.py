@@ -218,3 +218,27 @@ def test_small_preset_routing_is_pinned():
     adamw = table(route(model, "adamw"))
     assert set(adamw.values()) == {"adamw_decay", "adamw_no_decay", "sparse"}
     assert all(adamw[n] == "adamw_decay" for n, g in SMALL.items() if g == "matrices")
+
+
+# The auxiliary heads of `small` with DSpark and JEPA on: nothing else moves.
+SMALL_AUX = {
+    "draft.anchor_norm.weight": "adamw_no_decay",
+    "draft.byte.weight": "adamw_decay",
+    "draft.state_norm.weight": "adamw_no_decay",
+    "draft.w_in.weight": "matrices",
+    "draft.w_out.weight": "matrices",
+    "draft.out_norm.weight": "adamw_no_decay",
+    "draft.head.weight": "adamw_decay",  # declared in dspark.py: an output head
+    "jepa.norm.weight": "adamw_no_decay",
+    "jepa.up.weight": "matrices",
+    "jepa.down.weight": "matrices",
+}
+
+
+def test_small_preset_with_dspark_and_jepa_routing_is_pinned():
+    from dormouse import config
+    from dormouse.model.model import DormouseLM
+
+    cfg = config.build("small", {"model": {"dspark_weight": 0.1, "jepa_weight": 0.1}})
+    model = DormouseLM(config.resolve(cfg, cuda_available=False).model)
+    assert table(route(model)) == SMALL | SMALL_AUX

@@ -15,11 +15,15 @@ the `top_k` most likely bytes when top_k > 0, drawn from the `decode` stream of 
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from dormouse import rng
 from dormouse.errors import DormouseError
+
+if TYPE_CHECKING:
+    from dormouse.decode.speculative import Acceptance
 
 
 @dataclass
@@ -27,6 +31,7 @@ class Generation:
     bytes: bytes  # the generated continuation, without the prompt
     seconds: float
     iterations: list[int] = field(default_factory=list)  # loop iterations that gave each byte's logits
+    acceptance: "Acceptance | None" = None  # with --speculative: how many drafts the model accepted
 
     @property
     def bytes_per_s(self) -> float:
@@ -37,15 +42,22 @@ class Generation:
         return dict(sorted(Counter(self.iterations).items()))
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
-    """logits [B, 256] -> bytes [B] int64."""
+def probabilities(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """The distribution `sample` draws from, [B, 256] fp32: one-hot on the argmax at temperature 0."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits.float() / temperature
     if top_k:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
+    """logits [B, 256] -> bytes [B] int64."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = probabilities(logits, temperature, top_k)
     return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
 
 
@@ -83,13 +95,25 @@ class Decoder:
 
 
 def generate(
-    model, prompt: bytes, *, max_bytes: int, temperature=1.0, top_k=0, seed=0, max_iter=None, exit_threshold=1.0
+    model,
+    prompt: bytes,
+    *,
+    max_bytes: int,
+    temperature=1.0,
+    top_k=0,
+    seed=0,
+    max_iter=None,
+    exit_threshold=1.0,
+    speculative=False,
 ):
-    """Continue `prompt` by `max_bytes` bytes; `max_iter` (default: the depth) and `exit_threshold` as in model.step."""
+    """Continue `prompt` by `max_bytes` bytes; `max_iter` (default: the depth) and `exit_threshold` as in
+    model.step; `speculative` drafts with the DSpark head and verifies (decode/speculative.py)."""
+    from dormouse.decode.speculative import SpeculativeDecoder  # it builds on Decoder, above
+
     if max_bytes < 1:
         raise DormouseError(f"max_bytes must be >= 1, got {max_bytes}")
     started = time.perf_counter()
-    decoder = Decoder(
+    decoder = (SpeculativeDecoder if speculative else Decoder)(
         model,
         prompt,
         temperature=temperature,
@@ -99,4 +123,4 @@ def generate(
         exit_threshold=exit_threshold,
     )
     produced, iterations = decoder.extend(max_bytes)
-    return Generation(produced, time.perf_counter() - started, iterations)
+    return Generation(produced, time.perf_counter() - started, iterations, decoder.acceptance if speculative else None)

@@ -9,7 +9,9 @@ embedding and all earlier layer outputs (the embedding is always a source). Recu
 `forward` scores a whole sequence; `step` advances one byte carrying every layer's state and gives
 the same logits as the full forward (a test says so). Optional arms of the loop (model/loop.py): a
 forward at a smaller depth (`--rand-depth`), gradients through the last iterations only, the
-Mixture-of-Recursions router, and the decode's iteration cap and CALM-lite early exit.
+Mixture-of-Recursions router, and the decode's iteration cap and CALM-lite early exit. Auxiliary
+heads on the trunk's output: the DSpark draft head (model/dspark.py) and the JEPA predictor
+(model/jepa.py), each a term in `Output.aux`.
 """
 
 import hashlib
@@ -25,9 +27,11 @@ from dormouse.config import ModelConfig, engram_layers
 from dormouse.errors import CheckpointError
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
+from dormouse.model.dspark import DraftHead, dspark_term
 from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow
 from dormouse.model.ffn import make_ffn
 from dormouse.model.init import normal_init_
+from dormouse.model.jepa import Predictor, jepa_term
 from dormouse.model.kda import KDALayer
 from dormouse.model.loop import LoopPlan, MoRRouter, Stream, check_exit, top1_probability
 from dormouse.model.memory import PersistentMemory
@@ -56,6 +60,7 @@ class ModelCache:
     position: int
     engram: EngramCache | None = None
     iterations: int = 0  # loop iterations the call that made this cache ran (0: no byte yet)
+    hidden: torch.Tensor | None = None  # [B, d]: what the head read at the last position (DSpark drafts from it)
 
 
 @dataclass
@@ -162,6 +167,9 @@ class DormouseLM(nn.Module):
         self.router = None  # drawn last, so the other weights do not depend on the arm
         if cfg.mor:
             self.router = MoRRouter(d, cfg.depth - 1, cfg.mor_capacity, generator=gen)
+        # The auxiliary heads after everything else, for the same reason.
+        self.draft = DraftHead(d, cfg.dspark_k, eps=cfg.norm_eps, generator=gen) if cfg.dspark_weight else None
+        self.jepa = Predictor(d, eps=cfg.norm_eps, generator=gen) if cfg.jepa_weight else None
         set_norm_backend(self, cfg.norm_backend)
 
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
@@ -266,6 +274,7 @@ class DormouseLM(nn.Module):
         use_memory: bool = True,
         depth: int | None = None,
         grad_iterations: int = 0,
+        jepa_starts: torch.Tensor | None = None,
     ) -> Output:
         """input_ids [B,T] int64; targets [B,T] (the next byte of each input) or None.
 
@@ -274,6 +283,10 @@ class DormouseLM(nn.Module):
         with --rand-depth; no cache then); `grad_iterations` N > 0 records gradients through the last N
         iterations only. With MoR, a model in training mode routes by top-k over the sequence, one in
         eval mode by the causal rule (model/loop.py).
+
+        Auxiliary objectives, in `aux` by name: `dspark` (draft head on) in every forward over a whole
+        sequence (no cache); `jepa` (predictor on) when `jepa_starts` [B, spans] are given
+        (model/jepa.py draws them), and a forward with targets but without them is refused.
         """
         _check_bytes(input_ids, "input_ids")
         plan = LoopPlan(self._depth(depth, cache is not None or return_cache), grad_iterations, not self.training)
@@ -286,16 +299,24 @@ class DormouseLM(nn.Module):
         mixers = None if cache is None else cache.mixers
         conv = None if cache is None or cache.engram is None else cache.engram.conv
         trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache)
-        logits = self._head(trunk.h[:, slots:])
+        hidden = trunk.h[:, slots:]
+        logits = self._head(hidden)
         out = Output(logits=logits, aux=trunk.aux, engram=trunk.engram)
+        if self.draft is not None and cache is None and not return_cache:
+            m = self.cfg
+            out.aux["dspark"] = dspark_term(
+                self.draft, input_ids, hidden, logits, stride=m.dspark_stride, detach=m.dspark_detach
+            )
+        if self.jepa is not None and (jepa_starts is not None or targets is not None):
+            out.aux["jepa"] = jepa_term(self.jepa, hidden, self.final_norm(hidden), jepa_starts, self.cfg.jepa_span)
         if return_cache:
             seen = 0 if cache is None else cache.position
             engram = None if window is None else EngramCache(window, trunk.tails)
-            out.cache = ModelCache(trunk.caches, seen + input_ids.shape[1], engram, trunk.iterations)
+            out.cache = ModelCache(trunk.caches, seen + input_ids.shape[1], engram, trunk.iterations, hidden[:, -1])
         if targets is not None:
             _check_bytes(targets, "targets")
             out.ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
-            out.loss = out.ce + self.aux_weights_sum(trunk.aux)
+            out.loss = out.ce + self.aux_weights_sum(out.aux)
         return out
 
     def _depth(self, depth: int | None, cached: bool) -> int:
@@ -309,8 +330,18 @@ class DormouseLM(nn.Module):
             raise ValueError(f"a forward with a decode cache runs the config's depth {self.cfg.depth}, not {depth}")
         return depth
 
+    def aux_weights(self) -> dict[str, float]:
+        """Each auxiliary term's weight in the loss, by name (0: the term is off)."""
+        m = self.cfg
+        return {
+            "moe_balance": m.moe_balance_weight,
+            "mor_router": m.mor_aux_weight,
+            "dspark": m.dspark_weight,
+            "jepa": m.jepa_weight,
+        }
+
     def aux_weights_sum(self, aux: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        weights = {"moe_balance": self.cfg.moe_balance_weight, "mor_router": self.cfg.mor_aux_weight}
+        weights = self.aux_weights()
         return sum((weights[name] * value for name, value in aux.items()), 0.0)
 
     @torch.no_grad()
@@ -353,7 +384,8 @@ class DormouseLM(nn.Module):
         trunk = self._trunk(self.embed(byte), cache.mixers, plan, keys=keys, conv=conv, step=True)
         if engram is not None:
             engram = EngramCache(window, trunk.tails)
-        return self._head(trunk.h), ModelCache(trunk.caches, cache.position + 1, engram, trunk.iterations)
+        position = cache.position + 1
+        return self._head(trunk.h), ModelCache(trunk.caches, position, engram, trunk.iterations, trunk.h)
 
     def _confident(self, threshold: float, h: torch.Tensor) -> bool:
         """CALM-lite's exit test on the hidden state h [B,d]: every row's top-1 probability ≥ threshold

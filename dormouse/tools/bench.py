@@ -175,6 +175,10 @@ def arms(cfg: Config) -> str:
         )
     if m.mor:
         out.append(f"mor={m.mor_capacity:g}")
+    if m.dspark_weight:  # the auxiliary heads cost compute too (their FLOPs are not counted)
+        out.append(f"dspark={m.dspark_k}/{m.dspark_stride}" + ("" if m.dspark_detach else "+trunk"))
+    if m.jepa_weight:
+        out.append(f"jepa={m.jepa_spans}x{m.jepa_span}")
     return ",".join(out)
 
 

@@ -3,7 +3,9 @@
 Step s (0-based) trains on `sampler.batch(seed, s)` with lr multiplier `lr_multiplier(s)`; after it,
 `step` completed updates exist. Everything a resumed run needs is in the checkpoint (weights,
 optimizer state, step, best score, StressMonitor), and the batch of a step is a pure function of
-(seed, step), so an interrupted and resumed run is bitwise the uninterrupted one on the CPU.
+(seed, step), so an interrupted and resumed run is bitwise the uninterrupted one on the CPU. Under
+torchrun (`--parallel ddp`, docs/distributed.md) each rank trains its rows of that batch on a DDP
+replica, and rank 0 alone prints and writes.
 """
 
 import contextlib
@@ -20,13 +22,16 @@ from tqdm import tqdm
 
 from dormouse import checkpoint, counters, ledger
 from dormouse.config import Config
-from dormouse.data.sampler import Sampler
+from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
+from dormouse.distributed import World
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
+from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
+from dormouse.train.parallel import average_sparse_grads_, data_parallel
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
 from dormouse.train.sparse import clip_grad_norm_
@@ -34,10 +39,21 @@ from dormouse.train.stress import StressMonitor
 
 
 class Trainer:
-    def __init__(self, cfg: Config, corpus: Corpus, run_dir: Path, *, corpus_note: str, resume: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        corpus: Corpus,
+        run_dir: Path,
+        *,
+        corpus_note: str,
+        resume: bool = False,
+        world: World | None = None,
+    ):
         self.cfg, self.corpus, self.run = cfg, corpus, Path(run_dir)
         t = cfg.train
-        self.device = torch.device(t.device)
+        self.world = world or World()
+        rank_rows(t.batch_size, self.world.rank, self.world.size)  # refuse an indivisible batch at start-up
+        self.device = self.world.device(t.device)
         self.precision_note = precision.apply(t.dtype)  # before any kernel compiles
         self.model = DormouseLM(cfg.model, seed=t.seed).to(self.device)
         self.groups = route(self.model, t.opt)
@@ -53,11 +69,14 @@ class Trainer:
             self._restore()
         else:
             self._create_run_dir(corpus_note)
+        self.replica = data_parallel(self.model, self.world)  # what a training step calls
         self.log_header(corpus_note)
 
     # ---- run directory ---------------------------------------------------------------------------------------
 
     def _create_run_dir(self, corpus_note: str) -> None:
+        if not self.world.is_main:
+            return
         if self.run.exists() and any(self.run.iterdir()):
             raise ConfigError(f"run directory {self.run} is not empty: pass --resume {self.run} or a new --out")
         self.run.mkdir(parents=True, exist_ok=True)
@@ -81,11 +100,13 @@ class Trainer:
         self.best_bpb, self.best_step = ck.state["best_bpb"], ck.state["best_step"]
         # Records the interrupted run wrote after its last checkpoint are replayed now: drop them.
         metrics = self.run / "metrics.jsonl"
-        if metrics.exists():
+        if self.world.is_main and metrics.exists():
             kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.step]
             metrics.write_text("".join(line + "\n" for line in kept))
 
     def log(self, text: str) -> None:
+        if not self.world.is_main:
+            return
         tqdm.write(text)
         with open(self.run / "train.log", "a") as f:
             f.write(text + "\n")
@@ -103,6 +124,11 @@ class Trainer:
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
         self.log(describe(self.groups))
         self.log("config: " + json.dumps(self.cfg.to_dict(), sort_keys=True))
+        if self.world.size > 1:
+            w = self.world
+            self.log(
+                f"parallel: ddp, {w.size} ranks ({w.backend}), {t.batch_size // w.size} rows of each batch per rank"
+            )
 
     # ---- the loop --------------------------------------------------------------------------------------------
 
@@ -116,36 +142,58 @@ class Trainer:
         m, t = self.cfg.model, self.cfg.train
         return sample_depth(t.seed, step, t.rand_depth_min, m.depth) if t.rand_depth else m.depth
 
+    def jepa_starts(self, step: int) -> torch.Tensor | None:
+        """The JEPA span starts of this rank's rows of batch `step`, from the (seed, step) stream; None: JEPA off."""
+        m, t = self.cfg.model, self.cfg.train
+        if not m.jepa_weight:
+            return None
+        starts = span_starts(t.seed, step, t.batch_size, t.seq_len, m.jepa_span, m.jepa_spans)
+        rows = rank_rows(t.batch_size, self.world.rank, self.world.size)
+        return starts[rows.start : rows.stop].to(self.device)
+
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
         t = self.cfg.train
-        x, y = (z.to(self.device) for z in self.sampler.batch(t.seed, step))
+        rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
+        x, y = (z.to(self.device) for z in rows)
         self.opt.set_lr(lr_multiplier(step, t))
         depth = self.step_depth(step)
         self.depths.append(depth)
+        starts = self.jepa_starts(step)
         with self.autocast():
-            out = self.model(x, y, depth=depth, grad_iterations=t.rand_depth_bptt)
-        for name, value in {"loss": out.loss, "ce": out.ce, **out.aux}.items():
+            out = self.replica(x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts)
+        # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
+        terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
+        for name, value in terms.items():
             if not torch.isfinite(value).all():
                 raise NonFiniteError(f"step {step}: training {name} is {value.item()}; stopping before the update")
         out.loss.backward()
+        average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
         # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
         # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.
         self.grad_norm = clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return out.ce.item()
+        return terms["ce"].item()
 
     def run_loop(self, until_step: int | None = None) -> dict | None:
         """Train to `cfg.train.steps` (or `until_step`, or `--minutes`); returns the last eval record."""
         t = self.cfg.train
         end = t.steps if until_step is None else min(until_step, t.steps)
         deadline = time.monotonic() + t.minutes * 60 if t.minutes else math.inf
-        bar = tqdm(total=t.steps, initial=self.step, unit="step", dynamic_ncols=True, leave=False)
+        bar = tqdm(
+            total=t.steps,
+            initial=self.step,
+            unit="step",
+            dynamic_ncols=True,
+            leave=False,
+            disable=not self.world.is_main,
+        )
         record, window_ce, window_ms = None, [], []
         interrupt = _DeferredInterrupt()
+        stop = False
         try:
-            while self.step < end and time.monotonic() < deadline and not interrupt.requested:
+            while self.step < end and not stop:
                 started = time.perf_counter()
                 ce = self.train_step(self.step)
                 self.step += 1
@@ -154,11 +202,14 @@ class Trainer:
                 spike = self.stress.update(ce)
                 if spike:
                     self.log(f"loss spike at step {self.step}: ce={ce:.4f} ({self.stress.summary()})")
-                append_jsonl(self.run / "metrics.jsonl", {"kind": "train", "step": self.step, "ce": ce})
+                if self.world.is_main:
+                    append_jsonl(self.run / "metrics.jsonl", {"kind": "train", "step": self.step, "ce": ce})
                 bar.update(1)
                 tok_s = t.batch_size * t.seq_len / (window_ms[-1] / 1000)
                 bar.set_postfix_str(f"loss {ce:.3f} bpb {ce / math.log(2):.3f} {tok_s:,.0f} tok/s")
-                last = self.step == end or time.monotonic() >= deadline or interrupt.requested
+                # One decision for every rank: they stop after the same step, with one eval and checkpoint.
+                stop = self.world.any(time.monotonic() >= deadline or interrupt.requested)
+                last = self.step == end or stop
                 new_best = False
                 if self.step % t.eval_every == 0 or last:
                     record = self.evaluate(window_ce, window_ms)
@@ -184,6 +235,7 @@ class Trainer:
             eval_bytes=t.eval_bytes,
             device=self.device,
             autocast=self.autocast,
+            world=self.world,
         )
         record = eval_record(
             self.step,
@@ -197,7 +249,8 @@ class Trainer:
         self.depths = []
         counters.KDA.reset(), counters.NORM.reset()
         ledger.COUNTS.clear()
-        append_jsonl(self.run / "metrics.jsonl", record)
+        if self.world.is_main:
+            append_jsonl(self.run / "metrics.jsonl", record)
         self.log(eval_line(record))
         if self.best_bpb is None or held.bpb < self.best_bpb:
             self.best_bpb, self.best_step = held.bpb, self.step
@@ -206,6 +259,9 @@ class Trainer:
     def save(self, *, is_best: bool) -> None:
         """Checkpoint the state after `self.step` updates (once per step; `best` when it is the new best)."""
         if self.saved_step == self.step:
+            return
+        if not self.world.is_main:  # every replica holds the same state: rank 0 is the one writer
+            self.saved_step = self.step
             return
         state = {
             "run_id": self.run_id,
