@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from dormouse import __version__
-from dormouse.errors import DormouseError
+from dormouse.errors import ConfigError, DormouseError
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
@@ -94,27 +94,41 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     t = cfg.train
     stress = StressMonitor()
     stress.load_state_dict(ck.state["stress"])
+    depths = _eval_depths(args.depth, cfg.model.depth)
     print(f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}")
-    held = heldout_score(
-        model,
-        corpus,
-        seq_len=t.seq_len,
-        batch_size=t.batch_size,
-        eval_bytes=t.eval_bytes,
-        device=device,
-        autocast=contextlib.nullcontext,
-    )
-    record = eval_record(
-        ck.step,
-        held,
-        train_ce=None,
-        tokens=ck.step * t.batch_size * t.seq_len,
-        ms_per_step=None,
-        depth=depth_field(cfg),
-        stress=stress.summary(),
-    )
-    print(eval_line(record))
+    for depth in depths:
+        held = heldout_score(
+            model,
+            corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=t.eval_bytes,
+            device=device,
+            autocast=contextlib.nullcontext,
+            depth=depth,
+        )
+        record = eval_record(
+            ck.step,
+            held,
+            train_ce=None,
+            tokens=ck.step * t.batch_size * t.seq_len,
+            ms_per_step=None,
+            depth=depth_field(cfg) if depth is None else f"eval{depth}/{cfg.model.depth}",
+            stress=stress.summary(),
+        )
+        print(eval_line(record))
     return 0
+
+
+def _eval_depths(asked: str | None, model_depth: int) -> list[int | None]:
+    """`--depth`: None (the full depth, one line), D in 1..depth, or `all` (1..depth, one line each)."""
+    if asked is None:
+        return [None]
+    if asked == "all":
+        return list(range(1, model_depth + 1))
+    if not asked.isdigit() or not 1 <= int(asked) <= model_depth:
+        raise ConfigError(f"--depth {asked!r}: a loop depth in 1..{model_depth} (the run's depth) or 'all'")
+    return [int(asked)]
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -251,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", default="best", help="best, last or step-N (default best)")
     p.add_argument("--data", metavar="DIR", default=None, help="another prepared corpus (default: the run's own)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.add_argument(
+        "--depth",
+        default=None,
+        metavar="D",
+        help="score with D loop iterations (1..the run's depth), or 'all': one eval line per depth (default: full)",
+    )
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("generate", help="continue a prompt with a run's checkpoint, one byte at a time")

@@ -47,9 +47,19 @@ class HeldOut:
 
 @torch.no_grad()
 def heldout_score(
-    model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_bytes: int, device, autocast, world: World = ALONE
+    model,
+    corpus: Corpus,
+    *,
+    seq_len: int,
+    batch_size: int,
+    eval_bytes: int,
+    device,
+    autocast,
+    world: World = ALONE,
+    depth: int | None = None,
 ):
-    """Mean cross-entropy over the held-out walk; refuses a non-finite result.
+    """Mean cross-entropy over the held-out walk; refuses a non-finite result. `depth` runs fewer loop
+    iterations than the model's (`dormouse eval --depth`); None is the full depth.
 
     Under data parallelism rank r scores the walk's batches i with i mod W = r; the per-batch sums are
     all-reduced and added in batch order on every rank, the additions one process makes: the same
@@ -65,7 +75,7 @@ def heldout_score(
             continue
         x, y = x.to(device), y.to(device)
         with autocast():
-            out = model(x, jepa_starts=_eval_starts(m, i, x.shape))
+            out = model(x, jepa_starts=_eval_starts(m, i, x.shape), depth=depth)
         logits = out.logits
         if out.engram is not None:  # the same forward as training: the memories' keys come from x
             engram = out.engram if engram is None else engram + out.engram  # rows: a union over batches

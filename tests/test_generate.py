@@ -1,3 +1,4 @@
+import math
 import re
 
 import pytest
@@ -170,3 +171,33 @@ def test_cli_generate_reports_bytes_per_second_and_the_iteration_histogram(tmp_p
     assert "loop iterations per byte (iterations:bytes): 1:5; mean 1.00" in err
     assert main([*argv, "--gen-max-iter", "3"]) == 2
     assert "gen_max_iter 3 is outside [1, 2]" in capsys.readouterr().err
+
+
+def test_cli_eval_scores_each_depth_and_the_full_depth_equals_the_plain_eval(tmp_path, capsys):
+    from dormouse.data.prepare import prepare
+    from dormouse.data.sampler import heldout_windows
+    from dormouse.data.shards import load_corpus
+
+    (tmp_path / "text.txt").write_bytes(b"the dormouse sleeps in the teapot. " * 40)
+    prepare([tmp_path / "text.txt"], tmp_path / "corpus", heldout_tail=0.25)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = save_untrained_run(run, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
+    argv = ["eval", str(run), "--ckpt", "last", "--data", str(tmp_path / "corpus"), "--device", "cpu"]
+    assert main(argv) == 0
+    plain = re.search(r"bpb=([\d.]+)", capsys.readouterr().out).group(1)
+    assert main([*argv, "--depth", "all"]) == 0
+    lines = re.findall(r"eval step=0 bpb=([\d.]+) .* depth=(\S+)", capsys.readouterr().out)
+    assert [d for _, d in lines] == ["eval1/2", "eval2/2"] and lines[1][0] == plain
+    # depth 1 by hand: the model's forward at depth 1 over the same held-out walk, summed in float64
+    model = DormouseLM(cfg.model, seed=cfg.train.seed).eval()
+    nats, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in heldout_windows(load_corpus(tmp_path / "corpus"), cfg.train.seq_len, cfg.train.batch_size, None):
+            logits = model(x, depth=1).logits
+            nats += torch.nn.functional.cross_entropy(logits.reshape(-1, 256), y.reshape(-1), reduction="sum").item()
+            count += y.numel()
+    assert lines[0][0] == f"{nats / count / math.log(2):.4f}" and lines[0][0] != plain
+    for bad in ("0", "3", "two"):
+        assert main([*argv, "--depth", bad]) == 2
+        assert "a loop depth in 1..2" in capsys.readouterr().err

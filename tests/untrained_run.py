@@ -1,9 +1,10 @@
-"""A run directory holding one checkpoint of an untrained model: what `dormouse generate` loads in the CLI tests."""
+"""A run directory with one checkpoint of an untrained model, for the CLI tests of generate and eval."""
 
 from pathlib import Path
 
 from dormouse import checkpoint, config
 from dormouse.model.model import DormouseLM
+from dormouse.train.stress import StressMonitor
 
 
 def save_untrained_run(run: Path, model_values: dict) -> config.Config:
@@ -12,7 +13,7 @@ def save_untrained_run(run: Path, model_values: dict) -> config.Config:
     model = DormouseLM(cfg.model, seed=cfg.train.seed)
     model_state, tensors, stamp = model.checkpoint_parts()
     (run / "config.json").write_text(cfg.to_json())
-    state = {"run_id": "t", "best_bpb": None, "best_step": None, "sampler": {}, "stress": {}}
+    state = {"run_id": "t", "best_bpb": None, "best_step": None, "sampler": {}, "stress": StressMonitor().state_dict()}
     state["extra"] = {"config": cfg.to_dict(), **stamp}
     checkpoint.save(run, 0, model_state=model_state, tensors=tensors, optimizer_state={}, state=state)
     return cfg
