@@ -5,6 +5,9 @@ import os
 import pytest
 import torch
 
+from dormouse import rng
+from dormouse.data.prepare import prepare
+
 
 @pytest.fixture(scope="module")
 def one_thread():
@@ -19,3 +22,18 @@ def one_thread():
         del os.environ["OMP_NUM_THREADS"]
     else:
         os.environ["OMP_NUM_THREADS"] = env
+
+
+@pytest.fixture(scope="session")
+def random_corpus(tmp_path_factory):
+    """A factory: `random_corpus(letters, repeats)` prepares `letters` random lowercase bytes (the `test`
+    stream of seed 0) written `repeats` times, the last 10% held out, and returns the prepared folder."""
+
+    def make(letters: int, repeats: int = 1):
+        root = tmp_path_factory.mktemp("corpus")
+        text = bytes(torch.randint(97, 123, (letters,), generator=rng.generator(0, 0, "test")).tolist())
+        (root / "text.txt").write_bytes(text * repeats)
+        prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
+        return root / "prepared"
+
+    return make

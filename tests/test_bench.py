@@ -10,7 +10,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dormouse import config, rng
 from dormouse.cli import main
-from dormouse.data.prepare import prepare
 from dormouse.errors import ConfigError
 from dormouse.model.model import DormouseLM
 from dormouse.tools import bench
@@ -28,12 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    text = bytes(torch.randint(97, 123, (4000,), generator=rng.generator(0, 0, "test")).tolist())
-    (root / "text.txt").write_bytes(text)
-    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
-    return root / "prepared"
+def corpus_dir(random_corpus):
+    return random_corpus(4000)
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dormouse import checkpoint, config, rng
+from dormouse import checkpoint, config
 from dormouse.cli import build_parser, main
-from dormouse.data.prepare import prepare
 from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import load_corpus
 from dormouse.distributed import joined
@@ -43,12 +42,8 @@ def torchrun(*args, timeout=120) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    text = bytes(torch.randint(97, 123, (6000,), generator=rng.generator(0, 0, "test")).tolist())
-    (root / "text.txt").write_bytes(text * 2)
-    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
-    return load_corpus(root / "prepared")
+def corpus(random_corpus):
+    return load_corpus(random_corpus(6000, repeats=2))
 
 
 @pytest.fixture(scope="module")

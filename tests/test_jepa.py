@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from dormouse import config, rng
-from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 from dormouse.errors import ConfigError, DormouseError
 from dormouse.evaluation import heldout_score
@@ -82,11 +81,8 @@ def test_model_term_weight_and_a_missing_mask():
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    (root / "text.txt").write_bytes(bytes(torch.randint(97, 123, (3000,), generator=rng.generator(0, 0, "test"))))
-    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
-    return load_corpus(root / "prepared")
+def corpus(random_corpus):
+    return load_corpus(random_corpus(3000))
 
 
 def run_config(**model):

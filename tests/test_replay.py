@@ -4,11 +4,9 @@ op is caught as DIFFERS; refusals are one-line errors."""
 import hashlib
 
 import pytest
-import torch
 
-from dormouse import config, rng
+from dormouse import config
 from dormouse.cli import main
-from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 from dormouse.tools import replay
 from dormouse.tools.replay import INJECT_ENV, compare
@@ -24,12 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    text = bytes(torch.randint(97, 123, (6000,), generator=rng.generator(0, 0, "test")).tolist())
-    (root / "text.txt").write_bytes(text * 2)
-    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
-    return root / "prepared"
+def corpus_dir(random_corpus):
+    return random_corpus(6000, repeats=2)
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from dormouse import checkpoint, config, rng
+from dormouse import checkpoint, config
 from dormouse.cli import main
-from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 from dormouse.errors import DormouseError
 from dormouse.evaluation import NonFiniteError, heldout_score
@@ -22,12 +21,8 @@ from dormouse.train.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    text = bytes(torch.randint(97, 123, (6000,), generator=rng.generator(0, 0, "test")).tolist())
-    (root / "text.txt").write_bytes(text * 2)  # repeated, so the model can learn something
-    prepare([root / "text.txt"], root / "prepared", heldout_tail=0.1)
-    return load_corpus(root / "prepared")
+def corpus(random_corpus):
+    return load_corpus(random_corpus(6000, repeats=2))  # repeated, so the model can learn something
 
 
 def tiny_config(engram=None, **train):
