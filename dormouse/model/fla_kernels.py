@@ -16,6 +16,7 @@ that imports fla through here writes them there at exit (how benches/gpu_session
 
 import atexit
 import functools
+import importlib
 import json
 import os
 import sys
@@ -72,25 +73,23 @@ def pin_note() -> str:
 
 
 @functools.cache
-def chunk_kda() -> tuple[Callable | None, str]:
-    """fla's chunk_kda, or None and why it could not be imported."""
+def _import(module: str, name: str) -> tuple[Callable | None, str]:
+    """`module.name` from fla, imported after the pin is set, or None and why it could not be imported."""
     pin_note()
     try:
-        from fla.ops.kda import chunk_kda as fn
-    except ImportError as err:
+        return getattr(importlib.import_module(module), name), ""
+    except (ImportError, AttributeError) as err:  # AttributeError: an fla release without that name
         return None, f"{type(err).__name__}: {err}"
-    return fn, ""
 
 
-@functools.cache
+def chunk_kda() -> tuple[Callable | None, str]:
+    """fla's chunk_kda, or None and why not."""
+    return _import("fla.ops.kda", "chunk_kda")
+
+
 def rms_norm() -> tuple[Callable | None, str]:
     """fla's fused RMSNorm (a Triton kernel with its own backward), or None and why not."""
-    pin_note()
-    try:
-        from fla.modules.norm.layernorm import rms_norm as fn
-    except ImportError as err:
-        return None, f"{type(err).__name__}: {err}"
-    return fn, ""
+    return _import("fla.modules.norm.layernorm", "rms_norm")
 
 
 def _autotuners():
