@@ -306,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser(
-        "bench", help="time the trainer's step: one row in benches/history.tsv, the full log in benches/logs/"
+        "bench",
+        help="time the trainer's step (or a same-size baseline: --model, --baselines): one row per model in "
+        "benches/history.tsv, the full log in benches/logs/",
     )
     p.add_argument(
         "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"
@@ -327,6 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("step", "kda"),
         default="step",
         help="step = the trainer's training step (default); kda = the KDA op alone, forward+backward",
+    )
+    p.add_argument(
+        "--model",
+        choices=("dormouse", "gpt", "fla-kda"),
+        default="dormouse",
+        help="what --op step times: dormouse (default), or a baseline at the config's sizes with "
+        "block_layers*depth layers on random bytes: gpt (a plain GPT with torch SDPA, row model gpt-sdpa) or "
+        "fla-kda (fla's KDAForCausalLM; CUDA with fla only, refused elsewhere)",
+    )
+    p.add_argument(
+        "--baselines",
+        action="store_true",
+        help="after the dormouse row, time every baseline this device can run (gpt; fla-kda on CUDA with fla, "
+        "else skipped with the reason) in the same process: one row and one log each",
     )
     p.add_argument("--note", default="", metavar="TEXT", help="free text for the row's note column")
     p.add_argument("--history", default=None, metavar="FILE", help="TSV to append to (default benches/history.tsv)")

@@ -19,6 +19,7 @@ PURPOSES = frozenset(
         "dropout",  # dropout masks
         "decode",  # sampling at decode time
         "draft",  # speculative decoding's draft samples (step: the drafted byte's position)
+        "bench",  # random byte batches of the bench's baseline models (step: the bench step)
         "test",  # tests only
     }
 )

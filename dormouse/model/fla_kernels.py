@@ -92,6 +92,12 @@ def rms_norm() -> tuple[Callable | None, str]:
     return _import("fla.modules.norm.layernorm", "rms_norm")
 
 
+def kda_causal_lm() -> tuple[Callable | None, str]:
+    """fla's KDAForCausalLM (fla.models, which needs transformers), or None and why not. Its config
+    class is `KDAForCausalLM.config_class` (fla's KDAConfig)."""
+    return _import("fla.models", "KDAForCausalLM")
+
+
 def _autotuners():
     """(kernel name, autotuner) for every Triton autotuner in the fla modules imported so far."""
     if "triton" not in sys.modules:

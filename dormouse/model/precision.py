@@ -9,6 +9,7 @@ bf16  autocast to bfloat16 (CUDA only); float32 leftovers as tf32 (the fast path
 On the CPU none of this changes anything (no TF32 there), so the CPU is always fp32.
 """
 
+import contextlib
 import os
 import sys
 
@@ -35,3 +36,10 @@ def apply(dtype: str) -> str:
         if knobs is not None:
             knobs.language.fp32_default = triton_precision
     return f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}"
+
+
+def autocast(dtype: str, device_type: str):
+    """The context a forward runs under for `dtype`: bf16 autocast (master weights stay fp32), else none."""
+    if dtype == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -2,9 +2,16 @@
 
 A step is `Trainer.train_step`: batch (seed, step) from the sampler, forward, backward, grad clip and
 the routed optimizers' step, exactly what `dormouse train` runs (there is no second training step).
-The model trains on the default corpus (or `--data`) in a temporary run directory. `--warmup W`
-steps run first (the first of them is `first_step_s`, the cold start with any compilation or
-autotuning); then `--steps N` steps are timed one by one, with torch.cuda.synchronize() around each
+The model trains on the default corpus (or `--data`) in a temporary run directory.
+
+Baselines (dormouse/tools/baselines.py): `--model gpt` (row model `gpt-sdpa`, a plain GPT with torch's
+SDPA) or `--model fla-kda` (fla's KDAForCausalLM; CUDA and fla only, refused elsewhere) times that
+model instead, at the config's sizes with block_layers · depth real layers, on random bytes;
+`--baselines` times each baseline the device can run after the dormouse row, in the same process
+and the same way (the others are skipped with the reason printed), one row and one log each.
+
+`--warmup W` steps run first (the first of them is `first_step_s`, the cold start with any
+compilation or autotuning); then `--steps N` steps are timed one by one, with torch.cuda.synchronize() around each
 on CUDA and perf_counter on both. `ms_per_step` is their median, `ms_min`/`ms_max` and `ms_iqr` their
 spread, `tokens_per_s` = batch_size·seq_len / (ms_per_step / 1000) (scored bytes; persistent memory
 slots are not counted as tokens).
@@ -30,6 +37,14 @@ output (2CV). fla runs the same algorithm; the recurrent backend is counted the 
 backends on one scale. Not counted: lookups (embedding, Engram tables), norms, activations, gates,
 the short conv, AttnRes mixes, the loss and the optimizers.
 
+A baseline's FLOPs are the same formula with its own weights: every layer has weights of its own and
+there are no memory slots, so
+
+    6 · B · T · (N_layers + 256 · d_model)  +  3 · B · T · L · M        L = block_layers · depth
+
+N_layers = the weights of every nn.Linear but the head; M the attention formula at S = T (gpt) or the
+KDA formula with C = 64, the chunk length fla's KDA layer runs (fla-kda).
+
 MFU = flops_per_step / (ms_per_step / 1000) / peak. The peak (`peak_tflops`, `peak_source`):
 
 - NVIDIA H200, bf16: 680 TFLOP/s, a dense bf16 matmul measured at 8192³ on this workplace's card
@@ -42,16 +57,18 @@ MFU = flops_per_step / (ms_per_step / 1000) / peak. The peak (`peak_tflops`, `pe
   on CUDA), measured at bench start in the same process, best of 5. The log also records this
   measured figure on the H200, beside the constant.
 
-Peak memory: on CUDA torch.cuda.max_memory_allocated (reset before the model is built); on the CPU
+Peak memory: on CUDA torch.cuda.max_memory_allocated (reset before each model is built); on the CPU
 resource.getrusage(RUSAGE_SELF).ru_maxrss, the whole process's peak resident set (Python, torch and
-the model together). `mem_source` says which. The kernel counters (counters.KDA, counters.NORM) over
-the timed steps go in the `kernels` column and the log; under `--compile` they are Python side
+the model together, and under `--baselines` the models benched before it). `mem_source` says which.
+The kernel counters (counters.KDA, counters.NORM) over the timed steps go in the `kernels` column
+(`-` for a baseline) and the log; under `--compile` they are Python side
 effects that dynamo replays, breaks on or recompiles for, so the log adds torch._dynamo's counters.
 On a shared CPU the 1-minute load average at start and end is recorded (`loadavg`): a loaded
 machine makes every CPU figure slower.
 """
 
 import datetime
+import gc
 import importlib.metadata
 import json
 import math
@@ -64,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,13 +137,23 @@ class FlopCount:
     def describe(self) -> str:
         lines = [
             f"flops_per_step = {self.per_step:.6g} = matmul weights {self.dense:.6g} + mixer {self.mixer:.6g}",
-            f"  matmul weights touched: N_block {self.block_weights:,.0f} per position (depth included), "
+            f"  matmul weights touched: N_block {self.block_weights:,.0f} per position (every layer application), "
             f"N_byte {self.byte_weights:,.0f} per byte position",
             f"  mixer forward FLOPs per position per layer application: {self.mixer_fwd_per_position:,.0f}",
         ]
         if self.outside:
             lines.append("  nn.Linear outside the looped block, once per byte position: " + ", ".join(self.outside))
         return "\n".join(lines)
+
+
+def mixer_fwd_flops(mixer: str, n_heads: int, head_dim: int, chunk: int, positions: int) -> float:
+    """M: a mixer's own forward FLOPs per position per layer application (module docstring); `chunk` is the
+    KDA chunk length, `positions` the sequence length attention sees."""
+    H, K = n_heads, head_dim
+    if mixer == "kda":
+        C, V = chunk, head_dim
+        return H * (6 * K * V + 4 * C * K + 2 * C * V + C * (K + V))
+    return H * K * 2 * (positions + 1)
 
 
 def count_flops(model: nn.Module, cfg: Config) -> FlopCount:
@@ -144,15 +172,30 @@ def count_flops(model: nn.Module, cfg: Config) -> FlopCount:
     block_weights = m.depth * block
     byte_weights = 256 * m.d_model + outside
     S, T, B = t.seq_len + m.memory_slots, t.seq_len, t.batch_size
-    H, K = m.n_heads, m.head_dim
-    if m.mixer == "kda":
-        C, V = m.kda_chunk_size, m.head_dim
-        mixer = H * (6 * K * V + 4 * C * K + 2 * C * V + C * (K + V))
-    else:
-        mixer = H * K * 2 * (S + 1)
+    mixer = mixer_fwd_flops(m.mixer, m.n_heads, m.head_dim, m.kda_chunk_size, S)
     dense = 6 * B * S * block_weights + 6 * B * T * byte_weights
     mixer_total = 3 * B * S * m.depth * m.block_layers * mixer
     return FlopCount(dense + mixer_total, dense, mixer_total, block_weights, byte_weights, mixer, outside_names)
+
+
+FLA_KDA_CHUNK = 64  # the chunk length of fla's chunk_kda as fla.layers.kda calls it (its default)
+
+
+def count_baseline_flops(model: nn.Module, cfg: Config, name: str) -> FlopCount:
+    """FLOPs of one training step of baseline `name` (module docstring): every layer has weights of its own,
+    so N_block is every nn.Linear but the head, the mixer term counts block_layers · depth layers at S = T."""
+    from dormouse.tools.baselines import n_layers
+
+    m, t = cfg.model, cfg.train
+    layers = sum(
+        mod.weight.numel() for n, mod in model.named_modules() if isinstance(mod, nn.Linear) and n != "lm_head"
+    )
+    B, T = t.batch_size, t.seq_len
+    mixer = mixer_fwd_flops("attention" if name == "gpt" else "kda", m.n_heads, m.head_dim, FLA_KDA_CHUNK, T)
+    byte_weights = 256 * m.d_model
+    dense = 6 * B * T * (layers + byte_weights)
+    mixer_total = 3 * B * T * n_layers(m) * mixer
+    return FlopCount(dense + mixer_total, dense, mixer_total, layers, byte_weights, mixer)
 
 
 def arms(cfg: Config) -> str:
@@ -288,6 +331,7 @@ def _given(args, dest: str):
 def cli(args) -> int:
     """`dormouse bench`: see the module docstring and docs/glossary.md."""
     from dormouse.config import config_from_args
+    from dormouse.tools.baselines import unavailable
 
     cfg = config_from_args(args)
     steps = _given(args, "train.steps") or DEFAULT_STEPS
@@ -308,9 +352,22 @@ def cli(args) -> int:
             raise ConfigError(
                 "--op kda times the KDA op alone on synthetic inputs: --compile, --data and --profile do not apply"
             )
-        row, log_path = bench_kda_op(cfg, steps=steps, warmup=args.warmup, note=args.note, log_dir=log_dir)
+        if args.model != "dormouse" or args.baselines:
+            raise ConfigError("--op kda times the KDA op alone: --model and --baselines do not apply")
+        results = [bench_kda_op(cfg, steps=steps, warmup=args.warmup, note=args.note, log_dir=log_dir)]
     else:
-        row, log_path = bench(
+        if args.model != "dormouse":
+            if args.baselines:
+                raise ConfigError(
+                    f"--baselines runs every baseline after the dormouse row: drop --model {args.model}, "
+                    "or drop --baselines to bench it alone"
+                )
+            if args.data:
+                raise ConfigError(f"--model {args.model} trains on random bytes: --data feeds dormouse's trainer only")
+            why = unavailable(args.model, cfg.train.device)
+            if why:
+                raise ConfigError(f"--model {args.model}: {why}")
+        results = bench(
             cfg,
             steps=steps,
             warmup=args.warmup,
@@ -319,12 +376,37 @@ def cli(args) -> int:
             note=args.note,
             log_dir=log_dir,
             profiled=args.profile,
+            model=args.model,
+            baselines=args.baselines,
         )
-    append_row(history, row)
-    print(f"bench: appended a row to {history}; log {log_path}")
-    for key in ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "kernels"):
-        print(f"  {key} = {row[key]}")
+    for row, log_path in results:  # each row is appended as soon as its model is done
+        append_row(history, row)
+        print(f"bench: appended a row ({row['model']}) to {history}; log {log_path}")
+        for key in ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "kernels"):
+            print(f"  {key} = {row[key]}")
     return 0
+
+
+BASELINES = ("gpt", "fla-kda")
+
+
+@dataclass
+class Session:
+    """What every row of one `dormouse bench` shares: the config, the device facts and the log's head."""
+
+    cfg: Config
+    device: torch.device
+    commit: str
+    head: list[str]  # the first lines of every log of this bench
+    peak: float
+    peak_source: str
+    steps: int
+    warmup: int
+    compiled: bool
+    profiled: int
+    note: str
+    log_dir: Path
+    models_before: int = 0  # models this process benched already (their memory is in the CPU's ru_maxrss)
 
 
 def bench(
@@ -337,35 +419,106 @@ def bench(
     note: str,
     profiled: int = 0,
     log_dir: Path,
-) -> tuple[dict[str, str], Path]:
-    """Run the bench; write the log; return (the TSV row, the log path)."""
-    from dormouse.runs import open_corpus
-    from dormouse.train.trainer import Trainer
+    model: str = "dormouse",
+    baselines: bool = False,
+) -> Iterator[tuple[dict[str, str], Path]]:
+    """Bench `model` (dormouse, gpt or fla-kda), then with `baselines` every baseline this device can run
+    (the others are skipped with the reason printed); yield (the TSV row, the log path) of each model as
+    soon as it is done, its log written."""
+    from dormouse.tools.baselines import unavailable
 
     t = cfg.train
     device = torch.device(t.device)
-    started = datetime.datetime.now(datetime.UTC)
-    load_start = os.getloadavg()[0]
     commit = git_commit(repo_root())
-    log = [
-        f"dormouse bench {started.isoformat(timespec='seconds')}",
+    head = [
+        f"dormouse bench {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         "command: " + shlex.join(["dormouse", *sys.argv[1:]]),
         f"commit: {commit}",
         f"device: {device_name(device)}; torch {torch.__version__}; fla {fla_version()}; python "
         f"{platform.python_version()}; float32 matmul precision {torch.get_float32_matmul_precision()}",
         f"loadavg at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
-    log.append(precision.apply(t.dtype))  # before the peak matmul and any kernel compiles
+    head.append(precision.apply(t.dtype))  # before the peak matmul and any kernel compiles
     mm_dtype = torch.bfloat16 if t.dtype == "bf16" else torch.float32
     n = CUDA_PEAK_N if device.type == "cuda" else CPU_PEAK_N
     measured = measure_matmul_tflops(device, mm_dtype, n)
     peak, peak_source = peak_tflops(device, t.dtype, measured)
-    log.append(f"matmul {t.dtype} {n}^3 measured this run, best of {PEAK_REPS}: {measured:.4g} TFLOP/s")
-    log.append(f"peak used for MFU: {peak:.4g} TFLOP/s ({peak_source})")
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+    head.append(f"matmul {t.dtype} {n}^3 measured this run, best of {PEAK_REPS}: {measured:.4g} TFLOP/s")
+    head.append(f"peak used for MFU: {peak:.4g} TFLOP/s ({peak_source})")
+    session = Session(cfg, device, commit, head, peak, peak_source, steps, warmup, compiled, profiled, note, log_dir)
+    for name in (model, *(BASELINES if baselines else ())):
+        why = "" if name == "dormouse" else unavailable(name, device)
+        if why:
+            print(f"bench: skipping baseline {name}: {why}")
+            continue
+        if device.type == "cuda":  # each model's peak memory is its own
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        yield _bench_dormouse(session, data) if name == "dormouse" else _bench_baseline(session, name)
+        session.models_before += 1
 
+
+def _time_steps(step, first: int, n: int, phase: str, device: torch.device, log: list[str]) -> list[float]:
+    """Run `step(s)` for s in first … first+n−1, each timed on its own (synchronised on CUDA); the log
+    gets each step's time and returned cross-entropy."""
+    times = []
+    for s in range(first, first + n):
+        _sync(device)
+        t0 = time.perf_counter()
+        ce = step(s)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        log.append(f"step {s} {phase} ms={times[-1] * 1000:.3f} ce={ce:.6f}")
+    return times
+
+
+def _row(session: Session, started, model: str, arms: str, timing: dict, mem: tuple, log_path: Path, **cols) -> dict:
+    """A TSV row: the session's columns, this model's and `cols` (kernels, params, loadavg)."""
+    t = session.cfg.train
+    mem_gib, mem_source = mem
+    if session.device.type != "cuda" and session.models_before:
+        mem_source += f"; includes the {session.models_before} model(s) benched before it in this process"
+    row = {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": session.commit,
+        "device": device_name(session.device),
+        "model": model,
+        "preset": session.cfg.preset,
+        "batch": str(t.batch_size),
+        "seq_len": str(t.seq_len),
+        "dtype": t.dtype,
+        "compiled": "yes" if session.compiled else "no",
+        "arms": arms,
+        "peak_mem_gib": f"{mem_gib:.4f}",
+        "torch": torch.__version__,
+        "fla": fla_version(),
+        "log": _shown_path(log_path),
+        "note": session.note,
+        **timing,
+        "peak_source": session.peak_source,
+        "mem_source": mem_source,
+        **cols,
+    }
+    return {k: _cell(v) for k, v in row.items()}
+
+
+def _write_log(log_path: Path, log: list[str], row: dict[str, str]) -> None:
+    log += ["---- row", *(f"{k}\t{v}" for k, v in row.items())]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("\n".join(log) + "\n")
+
+
+def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
+    """Time the trainer's own step; write the log; return (the TSV row, the log path)."""
+    from dormouse.runs import open_corpus
+    from dormouse.train.trainer import Trainer
+
+    cfg, device, warmup, steps, profiled = session.cfg, session.device, session.warmup, session.steps, session.profiled
+    t = cfg.train
+    started = datetime.datetime.now(datetime.UTC)
+    load_start = os.getloadavg()[0]
+    log = list(session.head)
     corpus, corpus_note = open_corpus(data)
     with tempfile.TemporaryDirectory(prefix="dormouse-bench-") as tmp:
         run = Path(tmp) / "run"
@@ -374,64 +527,42 @@ def bench(
         log.extend((run / "train.log").read_text().splitlines())
         flops = count_flops(trainer.model, cfg)
         params = trainer.model.num_params()
-        if compiled:
+        if session.compiled:
             trainer.model = torch.compile(trainer.model)
             log.append(
                 "torch.compile: on (the kernel counters are Python side effects: under dynamo they may be "
                 "replayed, break the graph or force recompiles; see the step times and the dynamo stats below)"
             )
         log.append(f"---- {warmup} warm-up step(s), then {steps} timed step(s)")
-        times, counts = [], {}
         counters.KDA.reset(), counters.NORM.reset()
         ledger.COUNTS.clear()
-        for s in range(warmup + steps):
-            if s == warmup:
-                counts["warmup"] = f"kda={counters.KDA} norm={counters.NORM}"
-                counters.KDA.reset(), counters.NORM.reset()
-            _sync(device)
-            t0 = time.perf_counter()
-            ce = trainer.train_step(s)
-            _sync(device)
-            seconds = time.perf_counter() - t0
-            times.append(seconds)
-            phase = "warmup" if s < warmup else "timed"
-            log.append(f"step {s} {phase} ms={seconds * 1000:.3f} ce={ce:.6f}")
+        times = _time_steps(trainer.train_step, 0, warmup, "warmup", device, log)
+        counts = {"warmup": f"kda={counters.KDA} norm={counters.NORM}"}
+        counters.KDA.reset(), counters.NORM.reset()
+        times += _time_steps(trainer.train_step, warmup, steps, "timed", device, log)
         counts["timed"] = f"kda={counters.KDA} norm={counters.NORM}"
         fallbacks = ledger.counted_summary()
-        dynamo = _dynamo_stats() if compiled else None
+        dynamo = _dynamo_stats() if session.compiled else None
         mem_gib, mem_source = peak_memory(device)
-        profile = _profile_steps(trainer, warmup + steps, profiled, device) if profiled else None
+        profile = _profile_steps(trainer.train_step, warmup + steps, profiled, device) if profiled else None
         del trainer
     load_end = os.getloadavg()[0]
 
-    timing = timing_columns(times, warmup, t.batch_size * t.seq_len, flops.per_step, peak)
-    slug = device_slug(device)
+    timing = timing_columns(times, warmup, t.batch_size * t.seq_len, flops.per_step, session.peak)
     stamp = started.strftime("%Y-%m-%d-%H%M%S")
-    log_path = _free_name(Path(log_dir), f"{stamp}-{cfg.preset}-{slug}", ".log")
-    row = {
-        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit,
-        "device": device_name(device),
-        "model": "dormouse",
-        "preset": cfg.preset,
-        "batch": str(t.batch_size),
-        "seq_len": str(t.seq_len),
-        "dtype": t.dtype,
-        "compiled": "yes" if compiled else "no",
-        "arms": arms(cfg),
-        "peak_mem_gib": f"{mem_gib:.4f}",
-        "torch": torch.__version__,
-        "fla": fla_version(),
-        "log": _shown_path(log_path),
-        "note": note,
-        **timing,
-        "peak_source": peak_source,
-        "mem_source": mem_source,
-        "kernels": counts["timed"],
-        "params": str(params),
-        "loadavg": f"{load_start:.2f}/{load_end:.2f}",
-    }
-    row = {k: _cell(v) for k, v in row.items()}
+    log_path = _free_name(Path(session.log_dir), f"{stamp}-{cfg.preset}-{device_slug(device)}", ".log")
+    row = _row(
+        session,
+        started,
+        "dormouse",
+        arms(cfg),
+        timing,
+        (mem_gib, mem_source),
+        log_path,
+        kernels=counts["timed"],
+        params=str(params),
+        loadavg=f"{load_start:.2f}/{load_end:.2f}",
+    )
     log += [
         "---- counts",
         f"kernel counters, warm-up: {counts['warmup']}",
@@ -439,18 +570,78 @@ def bench(
         f"fallbacks (COUNTED ledger sites, all steps): {fallbacks}",
         *([f"torch._dynamo counters: {dynamo}"] if dynamo is not None else []),
         *([f"---- torch.profiler over {profiled} more step(s), not timed", profile] if profile else []),
-        f"peak memory: {mem_gib:.4f} GiB ({mem_source})",
+        f"peak memory: {mem_gib:.4f} GiB ({row['mem_source']})",
         f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
         flops.describe(),
-        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {peak:.4g} TFLOP/s",
+        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {session.peak:.4g} "
+        "TFLOP/s",
         "---- config",
         json.dumps(cfg.to_dict(), sort_keys=True),
-        "---- row",
-        *(f"{k}\t{v}" for k, v in row.items()),
     ]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("\n".join(log) + "\n")
+    _write_log(log_path, log, row)
+    return row, log_path
+
+
+def _bench_baseline(session: Session, name: str) -> tuple[dict[str, str], Path]:
+    """Time baseline `name`'s step (dormouse/tools/baselines.py) as the trainer's is timed; write the log;
+    return (the TSV row, the log path)."""
+    from dormouse.tools.baselines import ROW_NAMES, baseline_step, n_layers
+
+    cfg, device, warmup, steps, profiled = session.cfg, session.device, session.warmup, session.steps, session.profiled
+    m, t = cfg.model, cfg.train
+    started = datetime.datetime.now(datetime.UTC)
+    load_start = os.getloadavg()[0]
+    model_name = ROW_NAMES[name]
+    layers = f"L={n_layers(m)},d={m.d_model},H={m.n_heads},K={m.head_dim},ffn={m.ffn_hidden}"
+    arms_cell = f"{model_name},{layers}" + (",short_conv" if name == "fla-kda" and m.short_conv else "")
+    log = list(session.head)
+    log.append(f"---- baseline {model_name} ({arms_cell}): dormouse/tools/baselines.py; random bytes, stream `bench`")
+    if name == "fla-kda":
+        log.append(fla_kernels.pin_note())
+    model, step = baseline_step(name, cfg, device, compiled=session.compiled)
+    flops = count_baseline_flops(model, cfg, name)
+    params = sum(p.numel() for p in model.parameters())
+    log.append(f"model: {params:,} parameters, {n_layers(m)} layers; compiled: {session.compiled}")
+    log.append(f"---- {warmup} warm-up step(s), then {steps} timed step(s)")
+    times = _time_steps(step, 0, warmup, "warmup", device, log)
+    times += _time_steps(step, warmup, steps, "timed", device, log)
+    mem_gib, mem_source = peak_memory(device)
+    unpinned = fla_kernels.count_unpinned() if name == "fla-kda" else None
+    dynamo = _dynamo_stats() if session.compiled else None
+    profile = _profile_steps(step, warmup + steps, profiled, device) if profiled else None
+    del model, step
+    timing = timing_columns(times, warmup, t.batch_size * t.seq_len, flops.per_step, session.peak)
+    stamp = started.strftime("%Y-%m-%d-%H%M%S")
+    log_path = _free_name(Path(session.log_dir), f"{stamp}-{cfg.preset}-{model_name}-{device_slug(device)}", ".log")
+    row = _row(
+        session,
+        started,
+        model_name,
+        arms_cell,
+        timing,
+        (mem_gib, mem_source),
+        log_path,
+        kernels="-",
+        params=str(params),
+        loadavg=f"{load_start:.2f}/{os.getloadavg()[0]:.2f}",
+    )
+    log += [
+        "---- counts",
+        *([f"fla kernel choices not from the pin (new in this process): {unpinned}"] if unpinned is not None else []),
+        *([f"torch._dynamo counters: {dynamo}"] if dynamo is not None else []),
+        *([f"---- torch.profiler over {profiled} more step(s), not timed", profile] if profile else []),
+        f"peak memory: {mem_gib:.4f} GiB ({row['mem_source']})",
+        f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
+        flops.describe(),
+        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {session.peak:.4g} "
+        "TFLOP/s",
+        "---- config (a baseline takes d_model, n_heads, head_dim, block_layers, depth, ffn_hidden, norm_eps, "
+        "short_conv, conv_size, seed, batch_size, seq_len, lr, weight_decay, grad_clip, dtype and device)",
+        json.dumps(cfg.to_dict(), sort_keys=True),
+    ]
+    _write_log(log_path, log, row)
     return row, log_path
 
 
@@ -484,7 +675,7 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
         _sync(device)
         times.append(time.perf_counter() - t0)
     C, (B, T, H, K) = m.kda_chunk_size, shape
-    flops = 3 * B * T * H * (6 * K * K + 4 * C * K + 2 * C * K + C * 2 * K)
+    flops = 3 * B * T * mixer_fwd_flops("kda", H, K, C, T)
     mem_gib, mem_source = peak_memory(device)
     commit = git_commit(repo_root())
     log_path = _free_name(Path(log_dir), f"{started.strftime('%Y-%m-%d-%H%M%S')}-kda-op-{device_slug(device)}", ".log")
@@ -533,15 +724,15 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
 PROFILE_ROWS = 40
 
 
-def _profile_steps(trainer, first_step: int, n: int, device: torch.device) -> str:
-    """torch.profiler's table of `n` further training steps (after the timed ones, which it never
+def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
+    """torch.profiler's table of `n` further training steps `step(s)` (after the timed ones, which it never
     slows), the ops sorted by their own device time (CPU time on the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for s in range(first_step, first_step + n):
-            trainer.train_step(s)
+            step(s)
         _sync(device)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)

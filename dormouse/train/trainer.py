@@ -8,7 +8,6 @@ torchrun (`--parallel ddp`, docs/distributed.md) each rank trains its rows of th
 replica, and rank 0 alone prints and writes.
 """
 
-import contextlib
 import json
 import math
 import secrets
@@ -133,9 +132,7 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------------------------
 
     def autocast(self):
-        if self.cfg.train.dtype == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision.autocast(self.cfg.train.dtype, self.device.type)
 
     def step_depth(self, step: int) -> int:
         """The loop depth training step `step` runs: sampled under --rand-depth, else the config's."""
