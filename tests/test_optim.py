@@ -138,6 +138,31 @@ def test_nesterov_sinkhorn_two_steps_match_the_formulas(dtype, tol):
     assert (w.detach().double() - w0).abs().max() > 0.1  # it moved: the check is not vacuous
 
 
+def test_matrices_of_one_shape_step_together_as_each_would_alone():
+    # The step stacks matrices of one shape into one batched SR-Sinkhorn: with three 3x4 matrices and a
+    # 5x2 one in one optimizer, every matrix ends where the two-step formulas put it on its own.
+    shapes = [(3, 4), (5, 2), (3, 4), (3, 4)]
+    w0 = [randn(*s, seed=20 + i, dtype=F64) for i, s in enumerate(shapes)]
+    grads = [[randn(*s, seed=30 + i, step=k, dtype=F64) for k in range(2)] for i, s in enumerate(shapes)]
+    lr, beta, wd = 0.1, 0.9, 0.05
+    ws = [nn.Parameter(w.clone()) for w in w0]
+    opt = NesterovSinkhorn(ws, lr=lr, momentum=beta, weight_decay=wd, iters=5)
+    for k in range(2):
+        for w, g in zip(ws, grads, strict=True):
+            w.grad = g[k].clone()
+        opt.step()
+    for w, start, g in zip(ws, w0, grads, strict=True):
+        want, _ = nesterov_sinkhorn_ref(start.tolist(), [x.tolist() for x in g], lr, beta, wd, 5)
+        torch.testing.assert_close(w.detach(), torch.tensor(want, dtype=F64), rtol=0, atol=1e-13)
+
+
+def test_stacked_sr_sinkhorn_equals_each_matrix_alone():
+    u = randn(4, 6, 3, seed=40, dtype=F64)
+    stacked = sr_sinkhorn(u, 5)
+    for i in range(4):
+        torch.testing.assert_close(stacked[i], sr_sinkhorn(u[i], 5), rtol=0, atol=1e-15)
+
+
 def test_weight_decay_is_decoupled():
     # Same gradients with and without decay: the momentum buffers are identical (decay never enters the
     # gradient), and after one step the weights differ by exactly −lr·wd·W0.

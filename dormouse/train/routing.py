@@ -285,5 +285,7 @@ def build_optimizers(
     if adamw_groups:
         for pg in adamw_groups:
             pg["lr"] = base_lr[pg["name"]]
-        optimizers["adamw"] = torch.optim.AdamW(adamw_groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=False)
+        # fused: one kernel for all tensors on CUDA; the CPU keeps torch's default (foreach) arithmetic.
+        on_cuda = all(p.is_cuda for pg in adamw_groups for p in pg["params"])
+        optimizers["adamw"] = torch.optim.AdamW(adamw_groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=on_cuda)
     return Optimizers(groups, dict(sorted(optimizers.items())), base_lr)

@@ -161,17 +161,19 @@ class Trainer:
             out = self.replica(x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts)
         # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
         terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
-        for name, value in terms.items():
-            if not torch.isfinite(value).all():
-                raise NonFiniteError(f"step {step}: training {name} is {value.item()}; stopping before the update")
         out.loss.backward()
         average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
         # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
         # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.
         self.grad_norm = clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
+        # The step's one host sync, after the backward has been queued: every term's value at once.
+        values = dict(zip(terms, torch.stack([v.detach().float() for v in terms.values()]).tolist(), strict=True))
+        for name, value in values.items():
+            if not math.isfinite(value):
+                raise NonFiniteError(f"step {step}: training {name} is {value}; stopping before the update")
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return terms["ce"].item()
+        return values["ce"]
 
     def run_loop(self, until_step: int | None = None) -> dict | None:
         """Train to `cfg.train.steps` (or `until_step`, or `--minutes`); returns the last eval record."""
