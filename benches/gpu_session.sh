@@ -8,6 +8,10 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=/tmp/triton-cache FLA_CACHE_RESULTS=1
+# The copied tree's git metadata is not the tree's: the caller writes the real commit first, e.g.
+#   echo "$(git rev-parse --short HEAD)$(git status --porcelain | grep -q . && echo -dirty)" > .device-commit
+# and carries .device-commit; `dormouse bench` puts it in the rows' commit column.
+if [[ -f .device-commit ]]; then export DORMOUSE_COMMIT="$(cat .device-commit)"; fi
 # Every process that imports fla through dormouse writes its kernel choices here at exit (fla's format);
 # copy them to dormouse/model/fla_configs/<GPU>/ to refresh the committed pin.
 export DORMOUSE_FLA_DUMP="${DORMOUSE_FLA_DUMP:-$OUT/fla-pin}"

@@ -395,7 +395,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--history",
         default=None,
         metavar="FILE",
-        help="bench rows the cost is priced from (default benches/history.tsv)",
+        help="bench rows the cost is priced from, and the TSV --record appends to (default benches/history.tsv)",
+    )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="when the comparison finishes, append one row per arm to --history (model dormouse; ms_per_step the "
+        "median of every step over all seeds; heldout_bpb the mean over seeds; the difference B-A, its interval "
+        "and the verdict in the note); such a row prices that arm like a bench row",
+    )
+    p.add_argument(
+        "--eval-depths",
+        action="store_true",
+        help="after each run, also score its final model at every loop depth 1..depth (as `dormouse eval --depth "
+        "all`, on the full held-out walk): bpb_by_depth in ab.json, per-arm means per depth in the report and, "
+        "with --record, in the note",
     )
     add_config_flags(p)
     p.set_defaults(func=_cmd_ab)

@@ -1,8 +1,9 @@
 """`dormouse ab`: the statistics by hand, the pricing from history rows, real tiny A/Bs (keys, determinism,
-the --minutes rule) and every refusal of the protocol."""
+the --minutes rule, --record and --eval-depths with the arms to be run) and every refusal of the protocol."""
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -11,8 +12,8 @@ from dormouse.cli import main
 from dormouse.data.shards import load_corpus
 from dormouse.tools.ab import price
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
-from dormouse.tools.bench import COLUMNS
-from dormouse.tools.history import setting
+from dormouse.tools.bench import ADDED_COLUMNS, COLUMNS
+from dormouse.tools.history import measured_rows, read_history, setting
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
 TINY += ["--engram-rows", "256", "--engram-dim", "8", "--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
@@ -181,3 +182,87 @@ def test_a_non_empty_out_is_refused(tmp_path, capsys):
     (tmp_path / "out" / "ab.json").write_text("{}")
     assert main(["ab", "--a", "", "--b", "--lr 0.01", "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+# ---- --record and --eval-depths ------------------------------------------------------------------------------
+
+
+def test_record_and_eval_depths_append_one_priceable_row_per_arm(corpus_dir, tmp_path, capsys):
+    # a history from before heldout_bpb and seeds: its header is extended once, its row gets '-' there
+    old_columns = [c for c in COLUMNS if c not in ADDED_COLUMNS]
+    old = dict.fromkeys(old_columns, "-") | {"model": "gpt-sdpa", "note": "an old row"}
+    history = tmp_path / "history.tsv"
+    history.write_text("\t".join(old_columns) + "\n" + "\t".join(old[c] for c in old_columns) + "\n")
+    out = tmp_path / "rec"
+    argv = ["ab", "--a", "", "--b", "--rand-depth", "--seeds", "2", "--steps", "2", "--data", str(corpus_dir)]
+    argv += ["--out", str(out), "--history", str(history), "--record", "--eval-depths", *TINY, "--batch-size", "2"]
+    assert main(argv) == 0
+    result = json.loads((out / "ab.json").read_text())
+    report = capsys.readouterr().out
+    assert "held-out bpb by loop depth (depth:bpb, means over seeds): A 1:" in report
+
+    for arm in ("a", "b"):
+        for run in result["runs"][arm]:
+            assert list(run["bpb_by_depth"]) == ["1", "2"]  # nano: depth 2
+            # the same heldout_score on the same walk and weights, depth 2 given instead of None: bitwise
+            assert run["bpb_by_depth"]["2"] == run["bpb"]
+            assert math.isfinite(run["bpb_by_depth"]["1"])
+        r0, r1 = result["runs"][arm]
+        means = {d: statistics.fmean([r0["bpb_by_depth"][d], r1["bpb_by_depth"][d]]) for d in ("1", "2")}
+        assert result["overall"]["bpb_by_depth"][arm] == means
+
+    rows = read_history(history)
+    assert history.read_text().splitlines()[0].split("\t") == list(COLUMNS)
+    assert (
+        len(rows) == 3 and rows[0]["note"] == "an old row" and (rows[0]["heldout_bpb"], rows[0]["seeds"]) == ("-", "-")
+    )
+    overall = result["overall"]
+    for arm, row in zip(("a", "b"), rows[1:], strict=True):
+        assert (row["model"], row["preset"], row["batch"], row["seq_len"], row["compiled"]) == (
+            "dormouse",
+            "nano",
+            "2",
+            "32",
+            "no",
+        )
+        assert float(row["heldout_bpb"]) == round(overall[f"{arm}_bpb_mean"], 6) and row["seeds"] == "2"
+        assert float(row["ms_per_step"]) == pytest.approx(overall[f"{arm}_ms_per_step"], abs=1e-4)
+        assert (row["warmup"], row["steps"], row["mfu"], row["first_step_s"]) == ("0", "4", "-", "-")
+        assert row["log"] == str(out / "ab.json") and row["commit"] == result["commit"]
+        assert row["note"].startswith(f"ab {out} arm {arm.upper()}: ") and "; 2 steps per run; Δ(B−A) = " in row["note"]
+        assert row["note"].endswith(
+            f"{overall['verdict']}; depth bpb 1:{overall['bpb_by_depth'][arm]['1']:.4f} "
+            f"2:{overall['bpb_by_depth'][arm]['2']:.4f}"
+        )
+    assert "rand_depth=1-2" in rows[2]["arms"] and "rand_depth" not in rows[1]["arms"]
+
+    # a recorded row is a measurement of its arm's setting: pricing finds and uses it
+    cfgs = {arm: config.Config.from_dict(result["arms"][arm]["config"]) for arm in ("a", "b")}
+    for arm, row in zip(("a", "b"), rows[1:], strict=True):
+        assert measured_rows(rows, setting(cfgs[arm])) == [row]
+    cost = price(history, cfgs, load_corpus(corpus_dir), steps=2, minutes=0.0, seeds=2)
+    assert cost["known"] and str(out / "ab.json") in cost["text"]
+
+
+@pytest.mark.parametrize("b", ["--mor", "--no-engram", "--dspark-weight 0.1", "--jepa-weight 0.1"])
+def test_the_arms_to_be_run_record_with_depths(b, corpus_dir, tmp_path):
+    history = tmp_path / "h.tsv"
+    argv = ["ab", "--a", "", "--b", b, "--seeds", "1", "--steps", "2", "--data", str(corpus_dir), "--record"]
+    argv += ["--eval-depths", "--out", str(tmp_path / "o"), "--history", str(history), *TINY]
+    argv += ["--batch-size", "2", "--eval-bytes", "0"]  # the run's last eval is its score: the full walk
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "o" / "ab.json").read_text())
+    rows = read_history(history)
+    assert [r["model"] for r in rows] == ["dormouse", "dormouse"] and rows[1]["note"].split(": ")[1].startswith(b)
+    for arm, row in zip(("a", "b"), rows, strict=True):
+        (run,) = result["runs"][arm]
+        assert run["bpb_by_depth"]["2"] == run["bpb"] and float(row["heldout_bpb"]) == round(run["bpb"], 6)
+        assert "[no interval]" in row["note"]
+
+
+def test_record_refuses_a_foreign_history_before_anything_runs(tmp_path, capsys):
+    history = tmp_path / "h.tsv"
+    history.write_text("date\tcommit\n")
+    argv = ["ab", "--a", "", "--b", "--lr 0.01", "--record", "--history", str(history), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--device", "cpu"]) == 2
+    assert "migrate the file" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -40,13 +40,15 @@ def test_only_rows_of_the_same_setting_are_measurements(tmp_path):
         row("a baseline", "1000", model="fla-kda"),
         row("no number", "-"),
         row('quoted "note"', "2550"),
+        row("ab --record", "2450", heldout_bpb="2.345678", seeds="3", warmup="0", mfu="-"),
         row("new", "2400"),
     ]
     write_tsv(tmp_path / "history.tsv", rows)
     read = read_history(tmp_path / "history.tsv")
     assert read == rows  # file order; a quote in a cell is a plain character
     found = measured_rows(read, WANTED)
-    assert [r["note"] for r in found] == ["old", 'quoted "note"', "new"]  # oldest first: the newest is last
+    # oldest first: the newest is last; an ab row times the same Trainer.train_step, so it prices too
+    assert [r["note"] for r in found] == ["old", 'quoted "note"', "ab --record", "new"]
 
 
 def test_no_file_and_no_match_are_no_rows(tmp_path):

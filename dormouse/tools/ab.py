@@ -18,10 +18,14 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
   difference B − A over seeds gets a 95% Student-t interval (tools/ab_stats.py).
 - Before anything trains, the cost is priced from benches/history.tsv rows of this device, preset,
   shape, arms and parameter count (tools/history.py), or reported unknown.
+- `--eval-depths` also scores each run's final model at every loop depth 1..depth (heldout_score's
+  `depth`, as `dormouse eval --depth all`); `--record` appends one row per arm to the history
+  (bench's append_row), a row pricing can use.
 """
 
 import argparse
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -39,7 +43,17 @@ from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import heldout_score
 from dormouse.tools.ab_stats import paired_difference
-from dormouse.tools.bench import device_name, git_commit, repo_root
+from dormouse.tools.bench import (
+    _cell,
+    _shown_path,
+    append_row,
+    device_name,
+    fla_version,
+    git_commit,
+    history_header,
+    repo_root,
+    timing_columns,
+)
 from dormouse.tools.history import measured_rows, read_history, setting
 from dormouse.train.trainer import Trainer
 
@@ -207,8 +221,9 @@ def price(
 # ---- the runs --------------------------------------------------------------------------------------------------
 
 
-def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path) -> dict:
-    """Train one arm in one seed round; score its final model on the full held-out walk."""
+def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path, *, eval_depths: bool = False) -> dict:
+    """Train one arm in one seed round; score its final model on the full held-out walk (with `eval_depths`
+    also at every loop depth: `bpb_by_depth`)."""
     load_start = os.getloadavg()[0]
     trainer = _TimedTrainer(cfg, corpus, run_dir, corpus_note=note)
     last = trainer.run_loop()
@@ -227,6 +242,7 @@ def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path) -> dict:
     else:
         bpb, scored = last["bpb"], last["heldout_bytes"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    by_depth = {"bpb_by_depth": bpb_by_depth(trainer, corpus)} if eval_depths else {}
     return {
         "seed": t.seed,
         "run": str(run_dir),
@@ -237,7 +253,37 @@ def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path) -> dict:
         "step_ms": trainer.step_ms,
         "loadavg": [load_start, os.getloadavg()[0]],  # 1-minute load before and after: was the machine shared?
         "curve": [[r["step"], r["bpb"]] for r in records if r["kind"] == "eval"],
+        **by_depth,
     }
+
+
+def bpb_by_depth(trainer: Trainer, corpus: Corpus) -> dict[str, float]:
+    """{"d": held-out bpb of the final model run with d loop iterations} for d in 1..depth: the score of
+    `dormouse eval --depth all` (heldout_score's `depth`), on the full held-out walk under the run's own
+    autocast, as the run's score is; at the full depth it is that score again (bitwise on the CPU)."""
+    t = trainer.cfg.train
+    return {
+        str(depth): heldout_score(
+            trainer.model,
+            corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=0,
+            device=trainer.device,
+            autocast=trainer.autocast,
+            depth=depth,
+        ).bpb
+        for depth in range(1, trainer.cfg.model.depth + 1)
+    }
+
+
+def depth_means(runs: list[dict]) -> dict[str, float]:
+    """{"d": mean over the arm's seeds of bpb_by_depth[d]}."""
+    return {d: statistics.fmean(r["bpb_by_depth"][d] for r in runs) for d in runs[0]["bpb_by_depth"]}
+
+
+def _depth_text(means: dict[str, float]) -> str:
+    return " ".join(f"{d}:{bpb:.4f}" for d, bpb in means.items())
 
 
 def summarise(runs: dict[str, list[dict]]) -> tuple[list[dict], dict]:
@@ -270,6 +316,48 @@ def summarise(runs: dict[str, list[dict]]) -> tuple[list[dict], dict]:
     return per_seed, overall
 
 
+def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: datetime.datetime) -> list[dict]:
+    """`--record`: one history row per arm (bench's columns; docs/ab-protocol.md, Recording). The cells
+    pricing matches are history.setting's of the arm's resolved config, so a recorded row prices that arm."""
+    overall, steps = result["overall"], result["steps"]
+    ci = overall["ci95"]
+    interval = f"[{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "[no interval]"
+    rows = []
+    for arm in ARMS:
+        cfg, runs = cfgs[arm], result["runs"][arm]
+        t = cfg.train
+        flags = result["arms"][arm]["flags"]
+        note = (
+            f"ab {_shown_path(out)} arm {arm.upper()}: {flags if flags.strip() else '(the shared config)'}; "
+            f"{steps} steps per run; Δ(B−A) = {overall['diff_mean']:+.4f} {interval} {overall['verdict']}"
+        )
+        if "bpb_by_depth" in overall:
+            note += f"; depth bpb {_depth_text(overall['bpb_by_depth'][arm])}"
+        step_s = [ms / 1000 for r in runs for ms in r["step_ms"]]  # every step of every seed, cold ones too
+        row = {
+            "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": result["commit"],
+            "model": "dormouse",
+            **setting(cfg),  # device, preset, batch, seq_len, dtype, arms, params
+            "compiled": "no",
+            **timing_columns(step_s, 0, t.batch_size * t.seq_len, None, None),
+            "first_step_s": "-",  # every run has its own cold first step: in the median, not a column
+            "peak_mem_gib": "-",
+            "torch": result["torch"],
+            "fla": fla_version(),
+            "log": _shown_path(out / "ab.json"),
+            "note": note,
+            "peak_source": "-",
+            "mem_source": "-",
+            "kernels": "-",
+            "loadavg": f"{runs[0]['loadavg'][0]:.2f}/{runs[-1]['loadavg'][1]:.2f}",
+            "heldout_bpb": f"{overall[f'{arm}_bpb_mean']:.6f}",
+            "seeds": str(len(runs)),
+        }
+        rows.append({k: _cell(v) for k, v in row.items()})
+    return rows
+
+
 def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
     lines = [
         f"seed {r['seed']}: A {r['a_bpb']:.4f} bpb, B {r['b_bpb']:.4f} bpb, B-A {r['diff']:+.4f}; "
@@ -288,6 +376,12 @@ def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
         f"ms/step (median of every training step): A {overall['a_ms_per_step']:.4g}, B {overall['b_ms_per_step']:.4g}",
         f"verdict: {overall['verdict']}",
     ]
+    if "bpb_by_depth" in overall:
+        by_depth = overall["bpb_by_depth"]
+        lines.append(
+            "held-out bpb by loop depth (depth:bpb, means over seeds): "
+            f"A {_depth_text(by_depth['a'])}; B {_depth_text(by_depth['b'])}"
+        )
     return lines
 
 
@@ -300,12 +394,15 @@ def cli(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
+    history = Path(args.history) if args.history else repo_root() / "benches" / "history.tsv"
+    if args.record:
+        history_header(history)  # a header the rows cannot go under is refused now, not after the runs
     commit = git_commit(repo_root())  # the code that trains, before hours in which the tree may change
+    started = datetime.datetime.now(datetime.UTC)
     first_seed, minutes = cfgs["a"].train.seed, cfgs["a"].train.minutes
     seeds = [first_seed + i for i in range(args.seeds)]
     steps = None if minutes else cfgs["a"].train.steps
     corpus, note = open_corpus(args.data)
-    history = Path(args.history) if args.history else repo_root() / "benches" / "history.tsv"
     cost = price(history, cfgs, corpus, steps=steps, minutes=minutes, seeds=len(seeds))
     print(cost["text"])
 
@@ -329,8 +426,12 @@ def cli(args: argparse.Namespace) -> int:
     for i, seed in enumerate(seeds):
         for arm in ARMS if i % 2 == 0 else ARMS[::-1]:  # A B, B A, ...: drift in machine speed hits both arms
             order.append(f"{arm}/{seed}")
-            runs[arm].append(run_arm(for_round(cfgs[arm], seed, steps), corpus, note, out / arm / f"seed-{seed}"))
+            run_dir = out / arm / f"seed-{seed}"
+            cfg = for_round(cfgs[arm], seed, steps)
+            runs[arm].append(run_arm(cfg, corpus, note, run_dir, eval_depths=args.eval_depths))
     per_seed, overall = summarise(runs)
+    if args.eval_depths:
+        overall["bpb_by_depth"] = {arm: depth_means(runs[arm]) for arm in ARMS}
 
     device = torch.device(cfgs["a"].train.device)
     result = {
@@ -359,4 +460,8 @@ def cli(args: argparse.Namespace) -> int:
     for line in report_lines(per_seed, overall):
         print(line)
     print(f"ab: {out / 'ab.json'}, {out / 'ab.png'}")
+    if args.record:
+        for row in history_rows(result, cfgs, out, started):
+            append_row(history, row)
+        print(f"ab: appended 2 rows (arms A and B) to {history}")
     return 0

@@ -1,10 +1,15 @@
-"""benches/history.tsv as data: the rows `dormouse bench` appended, and those that measured one setting.
+"""benches/history.tsv as data: the rows `dormouse bench` (and `dormouse ab --record`) appended, and those
+that measured one setting.
 
 A row measures a setting only when its device (torch's name, the CPU thread count included), preset,
 batch, seq_len, dtype, arms and parameter count are the setting's, it timed dormouse itself,
 uncompiled, and its ms_per_step is a number. The parameter count catches what the other columns do
 not record (a --d-model on top of a preset, say). A figure from another device, preset or shape is
 never used, however close.
+
+A row of `dormouse ab --record` (its `heldout_bpb` a number) is a measurement too: its ms_per_step is
+the median of `Trainer.train_step` over every training step of the arm, the step bench times, on a
+resolved arm config whose setting is these same cells (docs/ab-protocol.md, Recording).
 """
 
 import csv
@@ -25,7 +30,9 @@ def read_history(path: str | Path) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         return []
-    with open(path, newline="") as f:  # bench writes no quoting: a cell never holds a tab or a newline
+    with open(
+        path, newline="", encoding="utf-8"
+    ) as f:  # bench writes no quoting: a cell never holds a tab or a newline
         return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
