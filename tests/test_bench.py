@@ -64,6 +64,7 @@ def test_bench_appends_a_complete_row_and_writes_its_log(corpus_dir, tmp_path, m
     assert row["torch"] == torch.__version__ and row["note"] == "a test with a tab"
     assert row["kernels"].startswith("kda=0/12 norm=0/")  # 3 timed steps x depth 2 x 2 layers, chunked on the CPU
     assert row["commit"] and row["date"].endswith("Z")
+    assert (row["heldout_bpb"], row["seeds"]) == ("-", "-")  # bench trains nothing to score
     log = Path(row["log"])
     assert log.parent == logs.resolve() and log.name.endswith("-nano-cpu.log") and log.is_file()
     text = log.read_text()
@@ -172,3 +173,40 @@ def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeyp
     log = next(logs.iterdir()).read_text()
     assert "---- torch.profiler over 1 more step(s), not timed" in log and "Self CPU" in log
     assert log.count(" timed ms=") == 2
+
+
+def test_a_history_without_the_added_columns_is_extended_once(tmp_path):
+    from dormouse.tools.history import read_history
+
+    history = tmp_path / "history.tsv"
+    old_columns = [c for c in bench.COLUMNS if c not in bench.ADDED_COLUMNS]
+    old = [dict.fromkeys(old_columns, f"r{i}") for i in range(2)]
+    history.write_text("\n".join(["\t".join(old_columns), *("\t".join(r.values()) for r in old)]) + "\n")
+    new = dict.fromkeys(bench.COLUMNS, "x") | {"heldout_bpb": "1.5", "seeds": "3"}
+    bench.append_row(history, new)
+    bench.append_row(history, new)  # the header is rewritten once: now it is the current one
+    assert history.read_text().splitlines()[0].split("\t") == old_columns + list(bench.ADDED_COLUMNS)
+    rows = read_history(history)
+    assert rows == [r | dict.fromkeys(bench.ADDED_COLUMNS, "-") for r in old] + [new, new]
+    assert not list(tmp_path.glob("*.migrating"))
+    with pytest.raises(ValueError, match="needs exactly the columns"):
+        bench.append_row(history, {k: v for k, v in new.items() if k != "seeds"})
+
+
+def test_compile_wraps_what_the_step_calls_and_refuses_an_eager_timing(corpus_dir, tmp_path, monkeypatch):
+    # A bench once compiled `trainer.model` while the step called `trainer.replica`: a "compiled" row of
+    # an eager step. The compiled object must be the replica, and a compile that yields no graph is refused.
+    wrapped = []
+
+    def spy_compile(module, *args, **kwargs):
+        wrapped.append(module)
+        return module  # compiles nothing: dynamo's graph counter stays at zero
+
+    monkeypatch.setattr(torch, "compile", spy_compile)
+    monkeypatch.setattr(bench, "CPU_PEAK_N", 256)
+    history = tmp_path / "history.tsv"
+    argv = ["bench", "--data", str(corpus_dir), *TINY, "--steps", "1", "--warmup", "1", "--compile"]
+    with pytest.raises(RuntimeError, match="compiled no graph"):
+        main([*argv, "--history", str(history), "--log-dir", str(tmp_path / "logs")])
+    assert len(wrapped) == 1 and type(wrapped[0]).__name__ == "DormouseLM"  # the replica: the model alone here
+    assert not history.exists()

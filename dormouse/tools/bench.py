@@ -10,6 +10,9 @@ model instead, at the config's sizes with block_layers · depth real layers, on 
 `--baselines` times each baseline the device can run after the dormouse row, in the same process
 and the same way (the others are skipped with the reason printed), one row and one log each.
 
+The history's last columns, `heldout_bpb` and `seeds`, are `-` in a bench row: `dormouse ab --record`
+fills them (dormouse/tools/ab.py) through the same `append_row`.
+
 `--warmup W` steps run first (the first of them is `first_step_s`, the cold start with any
 compilation or autotuning); then `--steps N` steps are timed one by one, with torch.cuda.synchronize() around each
 on CUDA and perf_counter on both. `ms_per_step` is their median, `ms_min`/`ms_max` and `ms_iqr` their
@@ -113,7 +116,13 @@ COLUMNS = (
     "kernels",
     "params",
     "loadavg",
+    "heldout_bpb",
+    "seeds",
 )
+# Columns added after rows were committed: a history whose header lacks only these gets them once, appended
+# to the header, its old rows '-' there (append_row). A bench row gives them '-' (it trains nothing).
+ADDED_COLUMNS = ("heldout_bpb", "seeds")
+NOT_TRAINED = dict.fromkeys(ADDED_COLUMNS, "-")
 
 # (substring of torch.cuda.get_device_name(), precision) -> (TFLOP/s, where the number comes from)
 PEAKS = {
@@ -306,7 +315,13 @@ def repo_root() -> Path:
 
 
 def git_commit(root: Path) -> str:
-    """`git rev-parse --short HEAD`, plus -dirty when the tree has uncommitted changes (untracked files too)."""
+    """`git rev-parse --short HEAD`, plus -dirty when the tree has uncommitted changes (untracked files too).
+
+    DORMOUSE_COMMIT, when set, is taken as is: the device tool copies the working tree but not its git
+    history, so there the checkout's HEAD is not the tree's (benches/gpu_session.sh sets it from the
+    `.device-commit` file written beside the tree before the call)."""
+    if os.environ.get("DORMOUSE_COMMIT"):
+        return os.environ["DORMOUSE_COMMIT"]
 
     def git(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *argv], capture_output=True, text=True, check=False)
@@ -498,6 +513,7 @@ def _row(session: Session, started, model: str, arms: str, timing: dict, mem: tu
         **timing,
         "peak_source": session.peak_source,
         "mem_source": mem_source,
+        **NOT_TRAINED,
         **cols,
     }
     return {k: _cell(v) for k, v in row.items()}
@@ -527,8 +543,8 @@ def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
         log.extend((run / "train.log").read_text().splitlines())
         flops = count_flops(trainer.model, cfg)
         params = trainer.model.num_params()
-        if session.compiled:
-            trainer.model = torch.compile(trainer.model)
+        if session.compiled:  # the step calls the replica (the model itself, or its DDP wrapper)
+            trainer.replica = torch.compile(trainer.replica)
             log.append(
                 "torch.compile: on (the kernel counters are Python side effects: under dynamo they may be "
                 "replayed, break the graph or force recompiles; see the step times and the dynamo stats below)"
@@ -543,6 +559,8 @@ def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
         counts["timed"] = f"kda={counters.KDA} norm={counters.NORM}"
         fallbacks = ledger.counted_summary()
         dynamo = _dynamo_stats() if session.compiled else None
+        if session.compiled and not _graphs_compiled():
+            raise RuntimeError(f"--compile: torch.compile compiled no graph of the step, so it would time eager ({dynamo})")
         mem_gib, mem_source = peak_memory(device)
         profile = _profile_steps(trainer.train_step, warmup + steps, profiled, device) if profiled else None
         del trainer
@@ -701,6 +719,7 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
         "kernels": f"kda={counters.KDA}",
         "params": "0",
         "loadavg": f"{load_start:.2f}/{os.getloadavg()[0]:.2f}",
+        **NOT_TRAINED,
     }
     row = {k: _cell(v) for k, v in row.items()}
     log = [
@@ -738,26 +757,29 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
     return prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
 
 
-def timing_columns(times: list[float], warmup: int, positions: int, flops: float, peak: float) -> dict[str, str]:
+def timing_columns(
+    times: list[float], warmup: int, positions: int, flops: float | None, peak: float | None
+) -> dict[str, str]:
     """The row's timing columns from per-step wall times (seconds, warm-up first): median and spread of the
-    timed steps in ms, positions (B·T) per second, achieved TFLOP/s and MFU against `peak`."""
+    timed steps in ms, positions (B·T) per second, achieved TFLOP/s and MFU against `peak`. A `flops` or
+    `peak` of None (not counted, not measured: `dormouse ab --record`) leaves the cells that need it '-'."""
     timed = [x * 1000 for x in times[warmup:]]
     ms = statistics.median(timed)
     q = statistics.quantiles(timed, n=4, method="inclusive") if len(timed) > 1 else [ms, ms, ms]
-    achieved = flops / (ms / 1000) / 1e12
+    achieved = None if flops is None else flops / (ms / 1000) / 1e12
     return {
         "ms_per_step": f"{ms:.4f}",
         "tokens_per_s": f"{positions / (ms / 1000):.6g}",
-        "mfu": f"{achieved / peak:.4g}",
+        "mfu": "-" if achieved is None or peak is None else f"{achieved / peak:.4g}",
         "first_step_s": f"{times[0]:.4f}",
         "warmup": str(warmup),
         "steps": str(len(timed)),
         "ms_min": f"{min(timed):.4f}",
         "ms_max": f"{max(timed):.4f}",
         "ms_iqr": f"{q[2] - q[0]:.4f}",
-        "flops_per_step": f"{flops:.6g}",
-        "achieved_tflops": f"{achieved:.4g}",
-        "peak_tflops": f"{peak:.4g}",
+        "flops_per_step": "-" if flops is None else f"{flops:.6g}",
+        "achieved_tflops": "-" if achieved is None else f"{achieved:.4g}",
+        "peak_tflops": "-" if peak is None else f"{peak:.4g}",
     }
 
 
@@ -767,6 +789,12 @@ def _dynamo_stats() -> str:
 
     counts = getattr(torch._dynamo.utils, "counters", {})
     return json.dumps({k: dict(v) for k, v in counts.items() if k in ("stats", "graph_break", "recompiles")})
+
+
+def _graphs_compiled() -> int:
+    import torch._dynamo.utils
+
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def _cell(value: str) -> str:
@@ -791,23 +819,45 @@ def _free_name(folder: Path, stem: str, suffix: str) -> Path:
     return path
 
 
-def append_row(history: Path, row: dict[str, str]) -> None:
-    """Append `row` under the file's header (written with COLUMNS when the file is new). A header with
-    other columns is refused, never silently realigned."""
+def history_header(history: Path) -> list[str] | None:
+    """The columns of an existing history (None when the file is new or empty), refusing a header this code
+    cannot append under: any column it does not know, or a known one missing other than ADDED_COLUMNS."""
     history = Path(history)
-    if history.exists() and history.stat().st_size:
-        header = history.read_text().splitlines()[0].split("\t")
-        if set(header) != set(row):
-            missing, extra = sorted(set(row) - set(header)), sorted(set(header) - set(row))
-            raise ConfigError(
-                f"{history} has columns that differ from this bench's: missing {missing}, unknown {extra}; "
-                "migrate the file (add the columns with '-' in old rows) before appending"
-            )
-        lines = []
-    else:
+    if not (history.exists() and history.stat().st_size):
+        return None
+    with open(history, encoding="utf-8") as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+    missing = [c for c in COLUMNS if c not in header and c not in ADDED_COLUMNS]
+    unknown = sorted(set(header) - set(COLUMNS))
+    if missing or unknown or len(header) != len(set(header)):
+        raise ConfigError(
+            f"{history} has columns that differ from this bench's: missing {missing}, unknown {unknown}; "
+            "migrate the file (add the columns with '-' in old rows) before appending"
+        )
+    return header
+
+
+def append_row(history: Path, row: dict[str, str]) -> None:
+    """Append `row` (a cell for every column of COLUMNS) under the file's header (written with COLUMNS when
+    the file is new). A header with other columns is refused, never silently realigned; one that lacks
+    only ADDED_COLUMNS is rewritten once first, those columns appended and '-' in every old row."""
+    history = Path(history)
+    if set(row) != set(COLUMNS):
+        raise ValueError(f"a history row needs exactly the columns {COLUMNS}: got {sorted(row)}")
+    header = history_header(history)
+    lines = []
+    if header is None:
         history.parent.mkdir(parents=True, exist_ok=True)
         header = list(COLUMNS)
         lines = ["\t".join(header)]
+    elif len(header) < len(COLUMNS):
+        added = [c for c in COLUMNS if c not in header]
+        old = history.read_text(encoding="utf-8").splitlines()
+        rows = [line + "\t-" * len(added) for line in old[1:] if line]
+        header += added
+        tmp = history.with_name(history.name + ".migrating")
+        tmp.write_text("\n".join(["\t".join(header), *rows]) + "\n", encoding="utf-8")
+        os.replace(tmp, history)  # one rename: a reader sees the old file or the migrated one
     lines.append("\t".join(row[c] for c in header))
-    with open(history, "a") as f:
+    with open(history, "a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
