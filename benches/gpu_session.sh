@@ -13,7 +13,7 @@ export TRITON_CACHE_DIR=/tmp/triton-cache FLA_CACHE_RESULTS=1
 # and carries .device-commit; `dormouse bench` puts it in the rows' commit column.
 if [[ -f .device-commit ]]; then export DORMOUSE_COMMIT="$(cat .device-commit)"; fi
 # Every process that imports fla through dormouse writes its kernel choices here at exit (fla's format);
-# copy them to dormouse/model/fla_configs/<GPU>/ to refresh the committed pin.
+# merge them into the committed pin with benches/merge_fla_pin.py <dir>.
 export DORMOUSE_FLA_DUMP="${DORMOUSE_FLA_DUMP:-$OUT/fla-pin}"
 mkdir -p "$TRITON_CACHE_DIR"
 if compgen -G ".triton-cache/tc.tgz.part_*" >/dev/null; then cat .triton-cache/tc.tgz.part_* | tar xz -C "$TRITON_CACHE_DIR"; fi
