@@ -8,8 +8,16 @@ WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), starts the default process gr
 NCCL on CUDA, one GPU per local rank) and ends it on exit. Its timeout is the config's `dist_timeout`:
 a collective that waits that long for a rank that hangs or died raises in every rank still waiting,
 and torchrun then stops the other workers, so a stuck job becomes an error in bounded time.
+
+After the block the process group stays referenced here until the interpreter exits (`_RETIRED`): a
+DDP replica that outlives the block holds the group too, and if freeing the replica dropped the group's
+last reference, gloo's destructor would join its worker threads with the GIL held while a worker thread
+waits for the GIL to free the tensors of the last collective, a deadlock (seen: a rank that finished its
+work and never exited, `tests/test_distributed.py::test_a_process_group_torn_down_after_a_collective_exits`).
+Dropped from Python at exit, the group is destroyed with the GIL released.
 """
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -22,6 +30,8 @@ import torch.distributed as dist
 from dormouse.errors import ConfigError
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_RETIRED: list = []  # process groups of finished blocks, destroyed at exit (see the module's docstring)
+atexit.register(_RETIRED.clear)
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,9 @@ def joined(train_cfg) -> Iterator[World]:
         torch.cuda.set_device(local_rank)
     backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=train_cfg.dist_timeout))
+    group = dist.group.WORLD
     try:
         yield World(dist.get_rank(), dist.get_world_size(), local_rank, backend)
     finally:
         dist.destroy_process_group()
+        _RETIRED.append(group)

@@ -1,10 +1,14 @@
 """Data parallelism gates (CPU, gloo, 2 processes under torchrun, tests/ddp_worker.py): DDP equals one
 process on the same global batch, the replicas (engram tables included) stay bit-identical, a NaN on one
 rank stops both, `torchrun -m dormouse train` is that run, checkpoints reload at another world size with
-the identical eval score, and a hung rank is an error within the timeout. Three launches, ~50 s on 2 cores."""
+the identical eval score, a hung rank is an error within the timeout, and a process group's teardown
+does not deadlock. Four launches, ~65 s on 2 cores. A launch that outlives its timeout is stopped with
+SIGABRT: every process of it prints its Python stacks (PYTHONFAULTHANDLER) into the failure."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,10 +39,49 @@ REL, ABS = 1e-5, 1e-5
 
 
 def torchrun(*args, timeout=120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return launch([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *map(str, args)], timeout)
+
+
+def launch(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run `cmd`; past `timeout` s, fail with the Python stacks of it and every process it started."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     env.pop("WORLD_SIZE", None)
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *map(str, args)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, **pipes)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        tree = [*descendants(proc.pid), proc.pid]  # torchrun starts each rank in a session of its own
+        signal_all(tree, signal.SIGABRT)  # faulthandler: each process prints its threads' stacks, then dies
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(no stacks: the processes did not die on SIGABRT within 20 s)"
+        signal_all(tree, signal.SIGKILL)  # no rank outlives its test
+    print(out, err, sep="\n")  # pytest shows it with the failure
+    pytest.fail(f"{' '.join(cmd[:4])} ... hung: no exit within {timeout} s; every process's stack is printed above")
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc), children first."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +216,11 @@ def test_a_hung_rank_is_an_error_within_the_timeout(corpus, tmp_path, one_thread
     # gloo's collective timeout (not the rendezvous's): rank 0 waited dist_timeout for rank 1, then raised
     assert "Timed out waiting 3000ms" in done.stderr, done.stderr[-3000:]
     assert elapsed < 45, elapsed  # 3 s of dist_timeout plus two start-ups, far below the 60 s sleep
+
+
+def test_a_process_group_torn_down_after_a_collective_exits(one_thread):
+    """A replica freed after `joined`'s block must not destroy the group while gloo's worker thread still
+    holds the last collective's tensor: that deadlocked on the GIL (a rank that never exited). 40 blocks:
+    the old teardown hung within 5-34 blocks in each of 8 runs."""
+    done = launch([sys.executable, str(WORKER), "teardown", "40"], timeout=90)
+    assert done.returncode == 0, done.stderr[-4000:]
