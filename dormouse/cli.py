@@ -14,7 +14,13 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from dormouse.data.prepare import prepare
     from dormouse.data.shards import inspect_corpus
 
-    prepare(args.inputs, args.out, heldout_fraction=args.heldout_fraction, heldout_tail=args.heldout_tail)
+    prepare(
+        args.inputs,
+        args.out,
+        heldout_fraction=args.heldout_fraction,
+        heldout_tail=args.heldout_tail,
+        validation_tail=args.validation_tail,
+    )
     print(inspect_corpus(args.out))
     return 0
 
@@ -227,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="F",
         help="hold out the last fraction F of a single file (nanoGPT's tiny-shakespeare split)",
+    )
+    p.add_argument(
+        "--validation-tail",
+        type=float,
+        default=None,
+        metavar="V",
+        help="with --heldout-tail F: a tuning corpus without the held-out tail; the last fraction V of "
+        "the rest is its held-out split (a validation slice)",
     )
     p.set_defaults(func=_cmd_prepare)
 

@@ -88,6 +88,30 @@ def test_tail_split_arithmetic_on_a_file_of_shakespeares_size(tmp_path, outs, gz
     assert manifest["heldout"] == {"mode": "tail", "fraction": 0.1}
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_validation_tail_is_a_tuning_corpus_without_the_heldout_tail(tmp_path, outs, gz):
+    # Of tinyshakespeare's size: c = int(n * 0.9) = 1,003,854 bytes are the tail split's train part;
+    # the tuning corpus trains on int(c * 0.9) = 903,468 of them and validates on the next 100,386.
+    # The held-out tail (the last 111,540 bytes) is not in it at all.
+    data = random_bytes(NANOGPT_N)
+    src = tmp_path / ("s.bin.gz" if gz else "s.bin")
+    src.write_bytes(gzip.compress(data, compresslevel=1) if gz else data)
+    manifest = prepare([src], outs / "c", heldout_tail=0.1, validation_tail=0.1, shard_bytes=300_000)
+    assert manifest["totals"] == {"train": 903_468, "heldout": 100_386}
+    assert split_bytes(outs / "c", "train") == data[:903_468]
+    assert split_bytes(outs / "c", "heldout") == data[903_468:NANOGPT_TRAIN]
+    assert manifest["heldout"] == {"mode": "tail-validation", "fraction": 0.1, "validation": 0.1}
+    assert "validation fraction: 0.1" in inspect_corpus(outs / "c")
+
+
+def test_validation_tail_needs_a_tail_split(tmp_path, outs):
+    src = tmp_path / "s.bin"
+    src.write_bytes(random_bytes(1000))
+    with pytest.raises(DataError, match="give heldout_tail too"):
+        prepare([src], outs / "c", validation_tail=0.1)
+    assert not (outs / "c").exists()
+
+
 def test_folders_are_recursive_sorted_and_gz_is_decompressed(tmp_path, outs):
     tree = write_tree(
         tmp_path / "src",

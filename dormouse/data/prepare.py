@@ -13,6 +13,10 @@ The held-out split is fixed here, once, by the manifest:
   moves no other document across it (their ranks relative to each other do not change).
 - tail (`heldout_tail=F`, one document only): nanoGPT's tiny-shakespeare split,
   train = data[:int(n * (1 - F))], held-out = the rest.
+- tail with a validation slice (`heldout_tail=F, validation_tail=V`): a corpus for tuning that never
+  holds the held-out bytes. Of data[:c], c = int(n * (1 - F)) (the tail split's train part), the first
+  int(c * (1 - V)) bytes are its train split and the rest its "heldout" split, a validation slice;
+  data[c:] is not written. Tuning reads this corpus; only the final report reads the tail split's.
 
 Layout of `out/`: `train-00000.bin`, … and `heldout-00000.bin`, … (uint8, each at most
 `shard_bytes`, never empty) and `manifest.json`: format version, every shard {path, split, size,
@@ -60,6 +64,7 @@ def prepare(
     *,
     heldout_fraction: float = 0.1,
     heldout_tail: float | None = None,
+    validation_tail: float | None = None,
     shard_bytes: int = 256 * 2**20,
 ) -> dict:
     """Prepare a corpus from files, folders and .gz files; returns the manifest written to `out`."""
@@ -68,6 +73,7 @@ def prepare(
         out,
         heldout_fraction=heldout_fraction,
         heldout_tail=heldout_tail,
+        validation_tail=validation_tail,
         shard_bytes=shard_bytes,
     )
 
@@ -102,6 +108,7 @@ def write_corpus(
     *,
     heldout_fraction: float = 0.1,
     heldout_tail: float | None = None,
+    validation_tail: float | None = None,
     shard_bytes: int = 256 * 2**20,
 ) -> dict:
     """Write `docs` (in the given order) as a corpus at `out`; see the module docstring."""
@@ -109,6 +116,13 @@ def write_corpus(
     _check_fraction("heldout_fraction", heldout_fraction, out)
     if heldout_tail is not None:
         _check_fraction("heldout_tail", heldout_tail, out)
+    if validation_tail is not None:
+        if heldout_tail is None:
+            raise DataError(
+                f"validation_tail carves a validation slice out of a tail split's train part: give "
+                f"heldout_tail too (corpus {out})"
+            )
+        _check_fraction("validation_tail", validation_tail, out)
     if not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise DataError(f"shard_bytes must be a positive integer, got {shard_bytes!r} (corpus {out})")
     if not docs:
@@ -126,6 +140,8 @@ def write_corpus(
                 f"({docs[0].path}, {docs[1].path}, ...): use the held-out fraction by document"
             )
         heldout = {"mode": "tail", "fraction": heldout_tail}
+        if validation_tail is not None:  # the held-out split is a validation slice; the tail is left out
+            heldout = {"mode": "tail-validation", "fraction": heldout_tail, "validation": validation_tail}
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -135,7 +151,7 @@ def write_corpus(
         if heldout["mode"] == "document":
             sources = [_copy(d, writers["heldout" if d.name in held else "train"].write) for d in docs]
         else:
-            sources = [_copy_tail(docs[0], heldout_tail, writers)]
+            sources = [_copy_tail(docs[0], heldout_tail, writers, validation_tail)]
         shards = writers["train"].close() + writers["heldout"].close()
         totals = {split: writers[split].total for split in SPLITS}
         _check_totals(totals, docs, heldout)
@@ -208,17 +224,20 @@ def _copy(doc: Document, sink: Callable[[bytes], None]) -> dict:
     return {"name": doc.name, "size": size, "sha256": h.hexdigest()}
 
 
-def _copy_tail(doc: Document, fraction: float, writers: dict) -> dict:
-    """nanoGPT's split: the first int(n * (1 - F)) bytes train, the rest held out."""
+def _copy_tail(doc: Document, fraction: float, writers: dict, validation: float | None = None) -> dict:
+    """nanoGPT's split: the first int(n * (1 - F)) bytes train, the rest held out. With `validation`
+    V, only those first bytes are written: their last fraction V as the "heldout" (validation) split."""
     n = sum(len(c) for c in _chunks(doc))  # a .gz has no size before decompression
-    cut = int(n * (1 - fraction))
+    end = n if validation is None else int(n * (1 - fraction))
+    cut = int(n * (1 - fraction)) if validation is None else int(end * (1 - validation))
     pos = 0
 
     def sink(chunk: bytes) -> None:
         nonlocal pos
         head = max(0, min(len(chunk), cut - pos))
+        kept = max(0, min(len(chunk), end - pos))
         writers["train"].write(chunk[:head])
-        writers["heldout"].write(chunk[head:])
+        writers["heldout"].write(chunk[head:kept])
         pos += len(chunk)
 
     source = _copy(doc, sink)

@@ -114,6 +114,8 @@ def inspect_corpus(root: str | Path) -> str:
     ]
     if held["mode"] == "document":
         lines.append(f"heldout documents: {len(held['documents'])}")
+    if held["mode"] == "tail-validation":
+        lines.append(f"validation fraction: {held['validation']} (the held-out split is a validation slice)")
     lines += [f"sources: {len(c.manifest['sources'])}", f"fingerprint: {c.fingerprint}"]
     return "\n".join(lines)
 

@@ -560,7 +560,7 @@ def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
         fallbacks = ledger.counted_summary()
         dynamo = _dynamo_stats() if session.compiled else None
         if session.compiled and not _graphs_compiled():
-            raise RuntimeError(f"--compile: torch.compile compiled no graph of the step, so it would time eager ({dynamo})")
+            raise RuntimeError(f"--compile: dynamo compiled no graph of the step, it would time eager ({dynamo})")
         mem_gib, mem_source = peak_memory(device)
         profile = _profile_steps(trainer.train_step, warmup + steps, profiled, device) if profiled else None
         del trainer
