@@ -229,15 +229,7 @@ def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path, *, eval_depth
     last = trainer.run_loop()
     t = cfg.train
     if t.eval_bytes:  # the run's evals scored a prefix; the comparison scores every held-out byte
-        held = heldout_score(
-            trainer.model,
-            corpus,
-            seq_len=t.seq_len,
-            batch_size=t.batch_size,
-            eval_bytes=0,
-            device=trainer.device,
-            autocast=trainer.autocast,
-        )
+        held = full_heldout(trainer, corpus)
         bpb, scored = held.bpb, held.bytes
     else:
         bpb, scored = last["bpb"], last["heldout_bytes"]
@@ -261,20 +253,23 @@ def bpb_by_depth(trainer: Trainer, corpus: Corpus) -> dict[str, float]:
     """{"d": held-out bpb of the final model run with d loop iterations} for d in 1..depth: the score of
     `dormouse eval --depth all` (heldout_score's `depth`), on the full held-out walk under the run's own
     autocast, as the run's score is; at the full depth it is that score again (bitwise on the CPU)."""
+    return {str(depth): full_heldout(trainer, corpus, depth).bpb for depth in range(1, trainer.cfg.model.depth + 1)}
+
+
+def full_heldout(trainer: Trainer, corpus: Corpus, depth: int | None = None):
+    """The final model's score on every held-out byte under the run's own autocast (`depth` loop
+    iterations; None: the model's)."""
     t = trainer.cfg.train
-    return {
-        str(depth): heldout_score(
-            trainer.model,
-            corpus,
-            seq_len=t.seq_len,
-            batch_size=t.batch_size,
-            eval_bytes=0,
-            device=trainer.device,
-            autocast=trainer.autocast,
-            depth=depth,
-        ).bpb
-        for depth in range(1, trainer.cfg.model.depth + 1)
-    }
+    return heldout_score(
+        trainer.model,
+        corpus,
+        seq_len=t.seq_len,
+        batch_size=t.batch_size,
+        eval_bytes=0,
+        device=trainer.device,
+        autocast=trainer.autocast,
+        depth=depth,
+    )
 
 
 def depth_means(runs: list[dict]) -> dict[str, float]:

@@ -588,12 +588,7 @@ def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
         f"fallbacks (COUNTED ledger sites, all steps): {fallbacks}",
         *([f"torch._dynamo counters: {dynamo}"] if dynamo is not None else []),
         *([f"---- torch.profiler over {profiled} more step(s), not timed", profile] if profile else []),
-        f"peak memory: {mem_gib:.4f} GiB ({row['mem_source']})",
-        f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-        "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
-        flops.describe(),
-        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {session.peak:.4g} "
-        "TFLOP/s",
+        *_memory_and_flops_lines(row, timing, flops, session.peak),
         "---- config",
         json.dumps(cfg.to_dict(), sort_keys=True),
     ]
@@ -649,12 +644,7 @@ def _bench_baseline(session: Session, name: str) -> tuple[dict[str, str], Path]:
         *([f"fla kernel choices not from the pin (new in this process): {unpinned}"] if unpinned is not None else []),
         *([f"torch._dynamo counters: {dynamo}"] if dynamo is not None else []),
         *([f"---- torch.profiler over {profiled} more step(s), not timed", profile] if profile else []),
-        f"peak memory: {mem_gib:.4f} GiB ({row['mem_source']})",
-        f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-        "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
-        flops.describe(),
-        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {session.peak:.4g} "
-        "TFLOP/s",
+        *_memory_and_flops_lines(row, timing, flops, session.peak),
         "---- config (a baseline takes d_model, n_heads, head_dim, block_layers, depth, ffn_hidden, norm_eps, "
         "short_conv, conv_size, seed, batch_size, seq_len, lr, weight_decay, grad_clip, dtype and device)",
         json.dumps(cfg.to_dict(), sort_keys=True),
@@ -789,6 +779,17 @@ def _dynamo_stats() -> str:
 
     counts = getattr(torch._dynamo.utils, "counters", {})
     return json.dumps({k: dict(v) for k, v in counts.items() if k in ("stats", "graph_break", "recompiles")})
+
+
+def _memory_and_flops_lines(row: dict, timing: dict, flops, peak: float) -> list[str]:
+    """The log's peak memory, load and FLOPs lines, the same for dormouse and the baselines."""
+    return [
+        f"peak memory: {row['peak_mem_gib']} GiB ({row['mem_source']})",
+        f"loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "---- FLOPs (formula: dormouse/tools/bench.py docstring, docs/glossary.md)",
+        flops.describe(),
+        f"achieved {timing['achieved_tflops']} TFLOP/s at the median step; MFU {timing['mfu']} of {peak:.4g} TFLOP/s",
+    ]
 
 
 def _graphs_compiled() -> int:
