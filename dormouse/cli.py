@@ -78,7 +78,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         run = args.out or f"runs/{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
         corpus, note = open_corpus(args.data)
-    with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (--parallel ddp)
+    with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (ddp, fsdp)
         trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume), world=world)
         try:
             trainer.run_loop()

@@ -120,14 +120,19 @@ class TrainConfig:
     rand_depth_bptt: int = _f(0, "--rand-depth: only the last N iterations get gradients; 0 = all", lo=0)
     parallel: str = _f(
         "auto",
-        "data parallelism: auto = ddp under torchrun with WORLD_SIZE > 1, else none; fsdp is not built",
+        "data parallelism: auto = ddp under torchrun with WORLD_SIZE > 1, else none; fsdp = FSDP2 (sharded)",
         choices=("auto", "none", "ddp", "fsdp"),
     )
     dist_timeout: float = _f(
         600.0,
-        "seconds a collective waits for the other ranks before the run stops with an error (--parallel ddp)",
+        "seconds a collective waits for the other ranks before the run stops with an error (ddp, fsdp)",
         lo=0.0,
         lo_open=True,
+    )
+    engram_shard: bool = _f(
+        False,
+        "engram table rows partitioned over the ranks (row i on rank i mod W), looked up by all-to-all "
+        "(--parallel ddp; a no-op with one process; docs/distributed.md)",
     )
 
 
@@ -261,6 +266,7 @@ def validate(cfg: Config) -> None:
         )
     _check_adaptive_depth(m, t)
     _check_aux_terms(m, t)
+    _check_engram_shard(m, t)
     if t.eval_bytes and t.eval_bytes < t.seq_len:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
@@ -312,6 +318,16 @@ def _check_adaptive_depth(m: ModelConfig, t: TrainConfig) -> None:
         )
 
 
+def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:
+    """--engram-shard partitions the tables over DDP's ranks; without tables, or under FSDP, it is refused."""
+    if t.engram_shard and not m.engram:
+        raise ConfigError(
+            "engram_shard with engram off (--engram-shard with --no-engram): there are no tables to shard"
+        )
+    if t.engram_shard and t.parallel == "fsdp":
+        raise ConfigError("engram_shard is built for parallel ddp, not fsdp (--engram-shard with --parallel fsdp)")
+
+
 def _check_aux_terms(m: ModelConfig, t: TrainConfig) -> None:
     """A training sequence too short for DSpark's first window or JEPA's spans would train a term of
     exactly zero: refused."""
@@ -355,6 +371,11 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
 
         cuda_available = torch.cuda.is_available()
     t.parallel = resolve_parallel(t.parallel)
+    if t.engram_shard and t.parallel == "none":  # a fresh run; a resumed one may go on alone, whole
+        raise ConfigError(
+            "engram_shard needs parallel ddp under torchrun (--engram-shard with --parallel none): one process "
+            "holds every row; launch with `torchrun --nproc-per-node N`"
+        )
     if t.device == "auto":
         t.device = "cuda" if cuda_available else "cpu"
     elif t.device == "cuda" and not cuda_available:
@@ -380,12 +401,10 @@ def resolve_parallel(parallel: str) -> str:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if parallel == "auto":
         return "ddp" if world_size > 1 else "none"
-    if parallel == "fsdp":
-        raise ConfigError("parallel fsdp (FSDP2) is not built yet: use --parallel ddp (docs/known-issues.md)")
     if parallel == "none" and world_size > 1:
         raise ConfigError(
             f"parallel none under torchrun with WORLD_SIZE {world_size}: every rank would train the whole batch "
-            "and write the same run directory; use --parallel ddp"
+            "and write the same run directory; use --parallel ddp or fsdp"
         )
     return parallel
 
@@ -447,22 +466,23 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return resolve(build(preset, overrides))
 
 
-RESUMABLE = {"train.steps", "train.minutes", "train.parallel", "train.dist_timeout"}
+RESUMABLE = {"train.steps", "train.minutes", "train.parallel", "train.dist_timeout", "train.engram_shard"}
 
 
 def resume_config(saved: Config, args: argparse.Namespace) -> Config:
     """A resumed run keeps its config; only the training length (--steps, --minutes) and how it runs
-    (--parallel, --dist-timeout: the world size may change) may."""
+    (--parallel, --dist-timeout, --engram-shard: the world size may change) may."""
     if args.preset or args.config:
         raise ConfigError("a resumed run keeps its own config: --preset and --config are refused with --resume")
     out = Config(model=dataclasses.replace(saved.model), train=dataclasses.replace(saved.train), preset=saved.preset)
     for dest, value in vars(args).items():
-        if "." not in dest or value in (None, False):
+        if "." not in dest or value is None or (value is False and dest not in RESUMABLE):
             continue
         if dest not in RESUMABLE:
             flag = "--" + dest.split(".", 1)[1].replace("_", "-")
             raise ConfigError(
-                f"{flag} cannot change on --resume: only --steps, --minutes, --parallel and --dist-timeout may"
+                f"{flag} cannot change on --resume: only --steps, --minutes, --parallel, --dist-timeout and "
+                "--engram-shard may"
             )
         section, key = dest.split(".", 1)
         setattr(getattr(out, section), key, value)

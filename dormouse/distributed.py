@@ -3,7 +3,7 @@
 `World()` is one process alone: rank 0 of 1, every collective below returns its input untouched, so a
 single-process run takes exactly the path it took before distributed training existed.
 
-`joined(train_cfg)` is the job under `--parallel ddp`: it reads torchrun's environment (RANK,
+`joined(train_cfg)` is the job under `--parallel ddp` or `fsdp`: it reads torchrun's environment (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), starts the default process group (gloo on the CPU,
 NCCL on CUDA, one GPU per local rank) and ends it on exit. Its timeout is the config's `dist_timeout`:
 a collective that waits that long for a rank that hangs or died raises in every rank still waiting,
@@ -97,12 +97,12 @@ def joined(train_cfg) -> Iterator[World]:
     if train_cfg.parallel == "none":
         yield World()
         return
-    if train_cfg.parallel != "ddp":
-        raise ConfigError(f"parallel {train_cfg.parallel!r} is not built: use ddp or none")
+    if train_cfg.parallel not in ("ddp", "fsdp"):
+        raise ConfigError(f"parallel {train_cfg.parallel!r} is not built: use ddp, fsdp or none")
     missing = [name for name in TORCHRUN_ENV if name not in os.environ]
     if missing:
         raise ConfigError(
-            f"parallel ddp needs torchrun's environment ({', '.join(missing)} unset): launch with "
+            f"parallel {train_cfg.parallel} needs torchrun's environment ({', '.join(missing)} unset): launch with "
             "`torchrun --nproc-per-node N -m dormouse train ...`"
         )
     local_rank = int(os.environ["LOCAL_RANK"])

@@ -24,6 +24,8 @@ from dormouse.distributed import World
 from dormouse.errors import DormouseError
 from dormouse.model import dspark, fla_kernels, jepa
 from dormouse.model.engram import EngramStats
+from dormouse.model.engram_shard import idle_lookups
+from dormouse.train.parallel import is_sharded
 
 ALONE = World()  # one process: every collective is the identity
 AUX_TERMS = ("dspark", "jepa")  # the auxiliary objectives the eval scores on the held-out windows
@@ -63,12 +65,14 @@ def heldout_score(
 
     Under data parallelism rank r scores the walk's batches i with i mod W = r; the per-batch sums are
     all-reduced and added in batch order on every rank, the additions one process makes: the same
-    score, bit for bit, at every world size.
+    score, bit for bit, at every world size. A sharded model's forward is a collective (FSDP gathers
+    each unit's weights), so there every rank runs as many forwards as rank 0: one left without a batch
+    in the last round scores the walk's last batch again and drops it.
     """
     was_training = model.training
     model.eval()
     m, weights = model.cfg, model.aux_weights()
-    mine, engram, batches = {}, None, 0
+    mine, engram, batches, x = {}, None, 0, None
     for i, (x, y) in enumerate(heldout_windows(corpus, seq_len, batch_size, eval_bytes or None)):
         batches = i + 1
         if i % world.size != world.rank:
@@ -83,6 +87,10 @@ def heldout_score(
         windows = _aux_windows(m, x.shape)
         aux = [(out.aux[name].item() * n, n) if n else (0.0, 0) for name, n in windows.items()]
         mine[i] = (nats, y.numel(), *(v for pair in aux for v in pair))
+    if x is not None and is_sharded(model) and batches % world.size and world.rank >= batches % world.size:
+        with autocast():  # rank 0 ran one more forward than this rank: join its collectives
+            model(x.to(device), jepa_starts=_eval_starts(m, batches - 1, x.shape), depth=depth)
+    idle_lookups(model, -(-batches // world.size) - len(mine))  # --engram-shard: join the rounds without a batch
     model.train(was_training)
     # (nats, bytes, then per auxiliary term: sum over its windows, windows); the other ranks' rows stay 0
     per_batch = torch.zeros(batches, 2 + 2 * len(AUX_TERMS), dtype=torch.float64)

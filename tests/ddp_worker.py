@@ -8,7 +8,21 @@ rank's model state to OUT/rank-<r>.pt; then resumes SINGLE_RUN (a one-process ru
 at this world size and writes the eval of its last checkpoint to OUT/resumed-<r>.json; last, trains
 OUT/unused with `UNUSED` (steps where parameters get no gradient) and saves OUT/unused-<r>.pt; then a
 step whose loss is NaN on rank 1 only: each rank writes the error it raised to OUT/nan-<r>.txt.
+Then the same run under --parallel fsdp: trains OUT/fsdp (FSDP2), saves each rank's whole model state,
+gathered, to OUT/fsdp-rank-<r>.pt and its last grad norm and shard sizes to OUT/fsdp-<r>.json; then
+resumes SINGLE_RUN sharded and writes its eval to OUT/fsdp-resumed-<r>.json.
 `hang`: rank 1 sleeps instead of joining the first collective; rank 0 must fail within `dist_timeout`.
+
+    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py shard CORPUS OUT SINGLE_RUN
+
+`shard`: trains OUT/replicated (`tiny_config()`) and OUT/sharded (the same with --engram-shard), then
+resumes SINGLE_RUN with its tables sharded and writes the eval of its last checkpoint to
+OUT/shard-resumed-<r>.json.
+
+    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py kill CORPUS OUT
+
+`kill`: trains OUT/run under --parallel fsdp; rank 1 SIGKILLs itself when step KILL_AT starts, after the
+checkpoint of step 2. torchrun must notice, stop rank 0 and exit non-zero naming rank 1.
 
     python tests/ddp_worker.py teardown N
 
@@ -20,6 +34,7 @@ collective's tensor, and the process deadlocked (hung within 5-34 of 100 blocks 
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -69,6 +84,51 @@ def train(corpus_dir: str, out: str, single_run: str) -> None:
             poisoned.train_step(0)
         except NonFiniteError as e:
             (out / f"nan-{world.rank}.txt").write_text(str(e))
+        fsdp(corpus, out, single_run, world)
+
+
+def fsdp(corpus, out: Path, single_run: str, world) -> None:
+    """The `train` mode's FSDP2 part, in the same process group."""
+    from dormouse.train.parallel import gathered
+
+    cfg = tiny_config(parallel="fsdp")
+    trainer = Trainer(cfg, corpus, out / "fsdp", corpus_note="fsdp test", world=world)
+    trainer.run_loop()
+    torch.save(gathered(trainer.model.state_dict()), out / f"fsdp-rank-{world.rank}.pt")
+    matrices = trainer.opt.optimizers["matrices"]
+    params = matrices.param_groups[0]["params"]
+    facts = {
+        "grad_norm": trainer.grad_norm.item(),  # of the last step: the clip's global norm
+        # (global rows, this rank's rows) of each matrix and of its momentum buffer
+        "rows": [[p.shape[0], p.to_local().shape[0]] for p in params],
+        "momentum_rows": [matrices.state[p]["momentum_buffer"].to_local().shape[0] for p in params],
+    }
+    (out / f"fsdp-{world.rank}.json").write_text(json.dumps(facts))
+    resumed = Trainer(cfg, corpus, single_run, corpus_note="fsdp test", resume=True, world=world)
+    (out / f"fsdp-resumed-{world.rank}.json").write_text(json.dumps(resumed.evaluate([], [])))
+
+
+KILL_AT = 3  # 0-based: the 4th step; the last checkpoint is step 2's
+
+
+def kill(corpus_dir: str, out: str) -> None:
+    cfg = tiny_config(parallel="fsdp", dist_timeout=20.0)
+    with joined(cfg.train) as world:
+        trainer = Trainer(cfg, load_corpus(corpus_dir), Path(out) / "run", corpus_note="kill test", world=world)
+        if world.rank == 1:
+            step = trainer.train_step
+            trainer.train_step = lambda s: os.kill(os.getpid(), signal.SIGKILL) if s == KILL_AT else step(s)
+        trainer.run_loop()
+
+
+def shard(corpus_dir: str, out: str, single_run: str) -> None:
+    corpus, out = load_corpus(corpus_dir), Path(out)
+    sharded = tiny_config(engram_shard=True)
+    with joined(sharded.train) as world:
+        for name, cfg in (("replicated", tiny_config()), ("sharded", sharded)):
+            Trainer(cfg, corpus, out / name, corpus_note="shard test", world=world).run_loop()
+        resumed = Trainer(sharded, corpus, single_run, corpus_note="shard test", resume=True, world=world)
+        (out / f"shard-resumed-{world.rank}.json").write_text(json.dumps(resumed.evaluate([], [])))
 
 
 def _nan_loss(out):
@@ -101,4 +161,4 @@ def teardown(blocks: str) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"train": train, "hang": hang, "teardown": teardown}[sys.argv[1]](*sys.argv[2:])
+    {"train": train, "hang": hang, "kill": kill, "shard": shard, "teardown": teardown}[sys.argv[1]](*sys.argv[2:])

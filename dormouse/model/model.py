@@ -401,12 +401,13 @@ class DormouseLM(nn.Module):
         text = " ".join(f"layer={j}:{m.fingerprint()}" for j, m in self._memories())
         return hashlib.sha256(f"engram-memories-v1 {text}".encode()).hexdigest()
 
-    def checkpoint_parts(self) -> tuple[dict, dict, dict]:
-        """(model tensors, {ENGRAM_FILE: every memory's table} or {}, JSON stamp) for checkpoint.save.
+    def checkpoint_parts(self, state: dict | None = None) -> tuple[dict, dict, dict]:
+        """(model tensors, {ENGRAM_FILE: every memory's table} or {}, JSON stamp) for checkpoint.save, of
+        `state` (default: this model's state_dict; a sharded model passes its gathered whole state).
 
         The tables keep their parameter names (`engram.<layer>.table.weight`), so one file holds all.
         """
-        state = self.state_dict()
+        state = self.state_dict() if state is None else state
         prefixes = tuple(f"engram.{j}.table." for j, _ in self._memories())
         tables = {k: v for k, v in state.items() if prefixes and k.startswith(prefixes)}
         dense = {k: v for k, v in state.items() if k not in tables}

@@ -20,12 +20,22 @@ A step updates all matrices of one shape together: their look-aheads are stacked
 tensor and normalised by one batched SR-Sinkhorn, and the momentum and weight updates are `_foreach`
 ops. The arithmetic per matrix is the same; the point is launches (a `small` model has 50 matrices in 7
 shapes, and each SR-Sinkhorn is 40 small kernels), which bound the step on a GPU.
+
+Under FSDP2 the matrices are DTensors sharded on their rows (dim 0) and the normalisation still needs
+whole matrices: the gather approach. The momentum buffer is a DTensor sharded like its parameter (so it
+checkpoints like one) and M is updated on the local rows; the stacked look-aheads U of a shape group are
+gathered whole in one all-gather, every rank runs the same batched SR-Sinkhorn on the whole stack, and
+applies to its shard only its own rows of X (a local slice). Cost per step: each rank receives
+(W − 1)/W · 4 bytes per matrix parameter (fp32 U), one all-gather per shape group, and computes the
+whole Sinkhorn (W times the work of one process, spread over W ranks). The step equals one process's
+given the same gradient. One process and DDP take the plain path, unchanged.
 """
 
 import math
 from collections import defaultdict
 
 import torch
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 
 def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Tensor:
@@ -52,8 +62,9 @@ def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Te
 class NesterovSinkhorn(torch.optim.Optimizer):
     """Nesterov momentum + SR-Sinkhorn normalised update for 2-D weight matrices (see module docstring).
 
-    Refuses any parameter that is not a whole 2-D matrix: vectors and conv filters belong on AdamW
-    (dormouse.train.routing decides), and a sharded DTensor would be normalised per shard.
+    Refuses any parameter that is not a 2-D matrix: vectors and conv filters belong on AdamW
+    (dormouse.train.routing decides). A DTensor sharded on dim 0 over a 1-D mesh (FSDP2) is taken and
+    gathered whole for the normalisation (see the module docstring); any other DTensor layout is refused.
     """
 
     def __init__(
@@ -84,6 +95,8 @@ class NesterovSinkhorn(torch.optim.Optimizer):
                     f"NesterovSinkhorn updates 2-D matrices [out, in]; got a parameter of shape {tuple(p.shape)} "
                     "(route it to AdamW: dormouse.train.routing)"
                 )
+            if isinstance(p, DTensor) and p.device_mesh.ndim == 1 and tuple(p.placements) == (Shard(0),):
+                continue
             if type(p.data) is not torch.Tensor:
                 raise ValueError(
                     f"NesterovSinkhorn needs whole matrices; the parameter of shape {tuple(p.shape)} is a "
@@ -103,13 +116,15 @@ class NesterovSinkhorn(torch.optim.Optimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError(f"NesterovSinkhorn got a sparse gradient for shape {tuple(p.shape)}")
-                same_shape[(p.shape, p.dtype, p.device)].append(p)
+                same_shape[(p.shape, p.dtype, p.device, isinstance(p, DTensor))].append(p)
             for params in same_shape.values():
                 self._update(params, group)
         return loss
 
     def _update(self, params: list[torch.Tensor], group: dict) -> None:
         """The module docstring's update for matrices of one shape, dtype and device, in one batch."""
+        if isinstance(params[0], DTensor):
+            return self._update_sharded(params, group)
         lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
         work = torch.promote_types(params[0].dtype, torch.float32)
         grads = [p.grad.to(work) for p in params]
@@ -126,3 +141,28 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         if wd != 0:
             torch._foreach_mul_(params, 1 - lr * wd)
         torch._foreach_add_(params, list(x.unbind(0)), alpha=-lr)
+
+    def _update_sharded(self, params: list[DTensor], group: dict) -> None:
+        """`_update` for matrices sharded on their rows (FSDP2): the momentum buffers are sharded like the
+        parameters and updated locally; the look-aheads are gathered whole (one all-gather of the stack),
+        normalised by the same batched SR-Sinkhorn on every rank, and each rank applies its own rows."""
+        lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
+        work = torch.promote_types(params[0].dtype, torch.float32)
+        grads = [p.grad.to_local().to(work) for p in params]
+        bufs = []
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:  # a DTensor placed as the parameter: checkpointed like it
+                state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=work)
+            bufs.append(state["momentum_buffer"].to_local())
+        torch._foreach_mul_(bufs, beta)
+        torch._foreach_add_(bufs, grads, alpha=1 - beta)
+        u = torch.stack(grads).mul_(1 - beta).add_(torch.stack(bufs), alpha=beta)  # [N, rows of this rank, n]
+        mesh, (n, m, k) = params[0].device_mesh, (len(params), *params[0].shape)
+        whole = DTensor.from_local(u, mesh, [Shard(1)], shape=(n, m, k), stride=(m * k, k, 1)).full_tensor()
+        x = sr_sinkhorn(whole, group["iters"], group["eps"]).to(params[0].dtype)
+        mine = distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None).to_local()  # a slice: no communication
+        local = [p.to_local() for p in params]
+        if wd != 0:
+            torch._foreach_mul_(local, 1 - lr * wd)
+        torch._foreach_add_(local, list(mine.unbind(0)), alpha=-lr)

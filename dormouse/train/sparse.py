@@ -36,6 +36,7 @@ share tensors with their source: serialise before stepping again.
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,6 +188,11 @@ def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
     and replaced by its coalesced form; its norm is that of its values. The total norm and the clip
     are torch's own (`get_total_norm`, `clip_grads_with_norm_`) for the dense gradients, so with no
     sparse gradient the result is torch's, bit for bit. Returns the total norm.
+
+    Gradients that are DTensors (parameters sharded by FSDP2) join the total through the norm of all of
+    them, whole (torch's `get_total_norm` gives a DTensor partial over the ranks; its `full_tensor()`
+    all-reduces it); every other gradient (the replicated engram tables, identical on every rank) is
+    counted once, from this rank's copy.
     """
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     params = [p for p in params if p.grad is not None]
@@ -194,8 +200,15 @@ def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
     sparse = [p for p in params if p.grad.is_sparse]
     for p in sparse:
         p.grad = p.grad.coalesce()
-    norms_of = [p.grad for p in dense] + [p.grad.values() for p in sparse]
-    total = nn.utils.get_total_norm(norms_of, 2.0)
+    sharded = [p.grad for p in dense if isinstance(p.grad, DTensor)]
+    if sharded:  # FSDP2: the shards' norm, all-reduced once; the replicated tables and the rest count once
+        whole = nn.utils.get_total_norm(sharded, 2.0)
+        whole = whole.full_tensor() if isinstance(whole, DTensor) else whole
+        rest = [p.grad for p in dense if not isinstance(p.grad, DTensor)] + [p.grad.values() for p in sparse]
+        total = nn.utils.get_total_norm([whole, *rest], 2.0)
+    else:
+        norms_of = [p.grad for p in dense] + [p.grad.values() for p in sparse]
+        total = nn.utils.get_total_norm(norms_of, 2.0)
     if dense:
         nn.utils.clip_grads_with_norm_(dense, max_norm, total)
     if sparse:

@@ -4,8 +4,8 @@ Step s (0-based) trains on `sampler.batch(seed, s)` with lr multiplier `lr_multi
 `step` completed updates exist. Everything a resumed run needs is in the checkpoint (weights,
 optimizer state, step, best score, StressMonitor), and the batch of a step is a pure function of
 (seed, step), so an interrupted and resumed run is bitwise the uninterrupted one on the CPU. Under
-torchrun (`--parallel ddp`, docs/distributed.md) each rank trains its rows of that batch on a DDP
-replica, and rank 0 alone prints and writes.
+torchrun (`--parallel ddp` or `fsdp`, docs/distributed.md) each rank trains its rows of that batch on a
+DDP replica or on its FSDP2 shards, and rank 0 alone prints and writes.
 """
 
 import json
@@ -27,13 +27,21 @@ from dormouse.distributed import World
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
+from dormouse.model.engram_shard import clip_grad_norm_ as clip_with_shards_
+from dormouse.model.engram_shard import gather_shards, local_table_state, shard_tables_, with_whole_tables
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
-from dormouse.train.parallel import average_sparse_grads_, data_parallel
+from dormouse.train.parallel import (
+    average_sparse_grads_,
+    data_parallel,
+    gathered,
+    is_sharded,
+    shard_optimizer_state_,
+    sharded_model_state,
+)
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
-from dormouse.train.sparse import clip_grad_norm_
 from dormouse.train.stress import StressMonitor
 
 
@@ -55,6 +63,10 @@ class Trainer:
         self.device = self.world.device(t.device)
         self.precision_note = precision.apply(t.dtype)  # before any kernel compiles
         self.model = DormouseLM(cfg.model, seed=t.seed).to(self.device)
+        if t.engram_shard:  # each rank keeps its rows of the engram tables (docs/distributed.md)
+            shard_tables_(self.model, self.world)
+        # What a training step calls; under FSDP the model itself, sharded before the optimizers see it.
+        self.replica = data_parallel(self.model, self.world, t.parallel)
         self.groups = route(self.model, t.opt)
         self.opt = build_optimizers(self.groups, t)
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
@@ -68,7 +80,6 @@ class Trainer:
             self._restore()
         else:
             self._create_run_dir(corpus_note)
-        self.replica = data_parallel(self.model, self.world)  # what a training step calls
         self.log_header(corpus_note)
 
     # ---- run directory ---------------------------------------------------------------------------------------
@@ -91,8 +102,12 @@ class Trainer:
                 f"run {self.run} was trained on corpus {run_meta['fingerprint'][:12]}, this corpus is "
                 f"{self.corpus.fingerprint[:12]}: resume on the same data"
             )
-        self.model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])
-        self.opt.load_split_state_dict(ck.optimizer_state, ck.optimizer_tensors.get(ENGRAM_FILE, {}))
+        # The one-process format at any world size; under FSDP each rank keeps its shards of it.
+        model_state = sharded_model_state(self.model, ck.model_state) if is_sharded(self.model) else ck.model_state
+        self.model.load_checkpoint_parts(model_state, ck.tensors, ck.state["extra"])
+        table_state = local_table_state(self.model, ck.optimizer_tensors.get(ENGRAM_FILE, {}))  # sharded: my rows
+        self.opt.load_split_state_dict(ck.optimizer_state, table_state)
+        shard_optimizer_state_(self.opt)
         self.stress.load_state_dict(ck.state["stress"])
         self.step, self.run_id = ck.step, ck.state["run_id"]
         self.saved_step = ck.step
@@ -124,10 +139,8 @@ class Trainer:
         self.log(describe(self.groups))
         self.log("config: " + json.dumps(self.cfg.to_dict(), sort_keys=True))
         if self.world.size > 1:
-            w = self.world
-            self.log(
-                f"parallel: ddp, {w.size} ranks ({w.backend}), {t.batch_size // w.size} rows of each batch per rank"
-            )
+            w, rows = self.world, t.batch_size // self.world.size
+            self.log(f"parallel: {t.parallel}, {w.size} ranks ({w.backend}), {rows} rows of each batch per rank")
 
     # ---- the loop --------------------------------------------------------------------------------------------
 
@@ -165,7 +178,7 @@ class Trainer:
         average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
         # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
         # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.
-        self.grad_norm = clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
+        self.grad_norm = clip_with_shards_(self.model, t.grad_clip or math.inf, self.world)
         # The step's one host sync, after the backward has been queued: every term's value at once.
         values = dict(zip(terms, torch.stack([v.detach().float() for v in terms.values()]).tolist(), strict=True))
         for name, value in values.items():
@@ -259,7 +272,22 @@ class Trainer:
         """Checkpoint the state after `self.step` updates (once per step; `best` when it is the new best)."""
         if self.saved_step == self.step:
             return
-        if not self.world.is_main:  # every replica holds the same state: rank 0 is the one writer
+        whole = gather_shards(self.model, self.opt, self.world)  # --engram-shard: every rank sends rank 0 its rows
+        sharded = is_sharded(self.model)  # FSDP: every rank sends its shards, rank 0 writes the whole state
+        if not self.world.is_main and not sharded:  # every replica holds the same state: rank 0 is the one writer
+            self.saved_step = self.step
+            return
+        keep = self.world.is_main
+        model_state, tensors, stamp = self.model.checkpoint_parts(
+            gathered(self.model.state_dict(), keep) if sharded else None
+        )
+        # The tables' row-wise optimizer state is table-sized: it travels in the tables' own file.
+        optimizer_state, table_state = self.opt.split_state_dict()
+        optimizer_state = gathered(optimizer_state, keep) if sharded else optimizer_state
+        tensors, optimizer_state, table_state = with_whole_tables(
+            whole, ENGRAM_FILE, tensors, optimizer_state, table_state
+        )
+        if not keep:
             self.saved_step = self.step
             return
         state = {
@@ -269,10 +297,7 @@ class Trainer:
             "sampler": {"seed": self.cfg.train.seed, "next_step": self.step},
             "stress": self.stress.state_dict(),
         }
-        model_state, tensors, stamp = self.model.checkpoint_parts()
         state["extra"] = {"config": self.cfg.to_dict(), **stamp}
-        # The tables' row-wise optimizer state is table-sized: it travels in the tables' own file.
-        optimizer_state, table_state = self.opt.split_state_dict()
         checkpoint.save(
             self.run,
             self.step,
