@@ -1,22 +1,27 @@
 """Self-speculative decoding with the DSpark draft head (`dormouse generate --speculative`).
 
-After each step the model has the distribution p of the next byte (its own head) and the hidden state
-of the byte it stepped, the anchor. A round starts there: the model's byte b is drawn from p as plain
-decoding draws it, and the draft head, fed the anchor byte and then b, drafts the k − 1 bytes after b
-(`DraftHead.draft`), each from its own distribution q (the same temperature and top-k as p), fed the
-one before. Verification steps the model over b and the drafts in order, as plain decoding steps
-them; at each step the round's next draft d is accepted with probability min(1, p(d) / q(d)), else
-the byte is drawn from max(0, p − q) renormalised (speculative sampling's rule: the byte is
-distributed as p) and the round ends; a new round drafts from that step. Greedy (temperature 0) makes
-p and q one-hot: a draft is accepted exactly when it is the model's argmax, so the output is plain
-greedy decoding's, byte for byte. Sampling gives plain decoding's distribution, not its bytes.
+The decode keeps the model's cache over every byte so far, the distribution p of the next byte (the
+head's logits at the last byte) and the hidden state there, the anchor. A round: the model's byte b is
+drawn from p as plain decoding draws it; the draft head, fed the anchor byte and then b, drafts the
+k − 1 bytes after b (`DraftHead.draft`), each from its own distribution q (the same temperature and
+top-k as p), fed the one before. One forward of the model from the cache over [b, drafts] gives p at
+every one of them; in order, draft d is accepted with probability min(1, p(d) / q(d)), else the byte
+is drawn from max(0, p − q) renormalised (speculative sampling's rule: the byte is distributed as p)
+and the round ends. When every draft is accepted the forward's cache is the new one; otherwise a
+second forward from the round's start over the accepted bytes and the correction makes it (the cache
+of the rejected drafts is dropped, never patched). Greedy (temperature 0) makes p and q one-hot: a
+draft is accepted exactly when it is the forward's argmax.
+
+Equal to plain decoding: plain decoding reads p from `step()`, one byte at a time; the verifier from a
+forward over several bytes, which sums in another order (the chunked KDA form, attention over the
+block). The logits agree to float rounding (~1e-6 relative in fp32), so greedy output is plain greedy
+output unless two bytes tie that closely (tests/test_speculative.py checks equality on a model whose
+choices are not near-ties); sampling gives plain decoding's distribution, not its bytes. The forwards
+run the full loop depth: `--gen-max-iter` and `--exit-threshold` (a per-byte choice) are refused with
+`--speculative`.
 
 Draws: a position's acceptance test and residual come from its `decode` stream, a drafted byte from
 the `draft` stream of its position, so a decode is a pure function of (seed, settings).
-
-Verification is one step per byte, not one forward over the k bytes: it saves no model compute (the
-drafts cost extra). A one-forward verifier needs the cache rolled back to the last accepted byte and
-logits equal to the steps' bit for bit, or greedy could flip on a near-tie (docs/known-issues.md).
 """
 
 from dataclasses import dataclass
@@ -62,51 +67,80 @@ def verify(p: torch.Tensor, q: torch.Tensor, drafted: int, gen: torch.Generator)
 
 
 class SpeculativeDecoder(Decoder):
-    """A decode that drafts with the model's DSpark head and verifies every draft; greedy, its bytes and
-    iterations are plain greedy decoding's."""
+    """A decode that drafts with the model's DSpark head and verifies each round's drafts with one forward
+    (module docstring); greedy, its bytes are plain greedy decoding's."""
 
     def __init__(self, model, prompt: bytes, **settings):
         if model.draft is None:
             raise DormouseError("--speculative needs a DSpark draft head: this model was trained with dspark_weight 0")
         if model.draft.k < 2:
             raise DormouseError("--speculative needs dspark_k >= 2: with k = 1 the head drafts only the LM's own byte")
+        if settings.get("max_iter") not in (None, model.cfg.depth) or settings.get("exit_threshold", 1.0) < 1:
+            raise DormouseError(
+                "--speculative verifies drafts with full-depth forwards over several bytes: --gen-max-iter "
+                "and --exit-threshold (a depth chosen per byte) do not apply to it"
+            )
         super().__init__(model, prompt, **settings)
         self.acceptance = Acceptance(model.draft.k)
-        self.pending: list[tuple[int, torch.Tensor]] = []  # the round's drafts not yet verified, with their q
+        self._feed(self.cache, [int(self.last)])  # from here on the cache holds every byte so far
 
     @torch.no_grad()
     def extend(self, n: int) -> tuple[bytes, list[int]]:
-        produced, iterations = [], []
-        for _ in range(n):
-            anchor = self.last
-            logits, self.cache = self.model.step(anchor, self.cache, **self.exit)
-            iterations.append(self.cache.iterations)
-            gen = rng.generator(self.seed, self.cache.position, "decode")
-            if self.pending:  # this step verifies the round's next draft
-                a = self.acceptance
-                a.rounds += len(self.pending) == a.k - 1
-                drafted, q = self.pending.pop(0)
-                byte, agreed = verify(self._p(logits)[0], q, drafted, gen)
-                a.drafted += 1
-                a.accepted += agreed
-                self.last = torch.tensor([byte], device=anchor.device)
-            else:
-                self.last, agreed = sample(logits, self.temperature, self.top_k, gen), False
-            produced.append(int(self.last.item()))
-            if not (agreed and self.pending):
-                self.pending = self._draft(anchor)
-        return bytes(produced), iterations
+        produced = []
+        while len(produced) < n:
+            produced += self._round(n - len(produced))
+        return bytes(produced), [self.model.cfg.depth] * n
+
+    def _round(self, budget: int) -> list[int]:
+        """One round: the model's byte and the drafts it accepts (at most `budget` bytes in all)."""
+        start, position = self.cache, self.cache.position  # the round's first byte takes sequence index `position`
+        b = int(sample(self.logits, self.temperature, self.top_k, rng.generator(self.seed, position, "decode")))
+        drafts = self._draft(b, position)[: budget - 1] if budget > 1 else []
+        if not drafts:
+            self._feed(start, [b])
+            return [b]
+        out = self.model(
+            torch.tensor([[b, *(d for d, _ in drafts)]], device=self.last.device), cache=start, return_cache=True
+        )
+        a = self.acceptance
+        a.rounds += 1
+        kept = [b]
+        for j, (drafted, q) in enumerate(drafts):  # the forward's row j is p of the byte after input j
+            byte, agreed = verify(
+                self._p(out.logits[:, j])[0], q, drafted, rng.generator(self.seed, position + 1 + j, "decode")
+            )
+            a.drafted += 1
+            a.accepted += agreed
+            kept.append(byte)
+            if not agreed:  # a correction: the cache is rebuilt from the round's start
+                self._feed(start, kept)
+                return kept
+        self.cache, self.logits, self.last = (
+            out.cache,
+            out.logits[:, -1],
+            torch.tensor([kept[-1]], device=self.last.device),
+        )
+        return kept
+
+    def _feed(self, cache, data: list[int]) -> None:
+        """Run `data` through the model from `cache`: the new cache, the next byte's logits, the last byte."""
+        out = self.model(torch.tensor([data], device=self.last.device), cache=cache, return_cache=True)
+        self.cache, self.logits, self.last = (
+            out.cache,
+            out.logits[:, -1],
+            torch.tensor([data[-1]], device=self.last.device),
+        )
 
     def _p(self, logits: torch.Tensor) -> torch.Tensor:
         return probabilities(logits, self.temperature, self.top_k)
 
-    def _draft(self, anchor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        """The k − 1 drafts after the model's byte (self.last), each drawn from its q, with q [256]."""
-        position = self.cache.position  # the drafts take positions position + 1, position + 2, …
+    def _draft(self, b: int, position: int) -> list[tuple[int, torch.Tensor]]:
+        """The k − 1 drafts after the model's byte b (at sequence index `position`), each with its q [256]."""
 
         def choose(logits, j):
             return sample(logits, self.temperature, self.top_k, rng.generator(self.seed, position + 1 + j, "draft"))
 
         head = self.model.draft
-        drafts, logits = head.draft(self.cache.hidden, anchor, self.last, head.k - 1, choose)
+        first = torch.tensor([b], device=self.last.device)
+        drafts, logits = head.draft(self.cache.hidden, self.last, first, head.k - 1, choose)
         return [(int(d), self._p(logits[:, j])[0]) for j, d in enumerate(drafts[0])]
