@@ -82,14 +82,26 @@ def _import(module: str, name: str) -> tuple[Callable | None, str]:
         return None, f"{type(err).__name__}: {err}"
 
 
+@functools.cache
 def chunk_kda() -> tuple[Callable | None, str]:
-    """fla's chunk_kda, or None and why not."""
-    return _import("fla.ops.kda", "chunk_kda")
+    """fla's chunk_kda, or None and why not. Opaque to torch.compile (see `_opaque`)."""
+    return _opaque(*_import("fla.ops.kda", "chunk_kda"))
 
 
+@functools.cache
 def rms_norm() -> tuple[Callable | None, str]:
-    """fla's fused RMSNorm (a Triton kernel with its own backward), or None and why not."""
-    return _import("fla.modules.norm.layernorm", "rms_norm")
+    """fla's fused RMSNorm (a Triton kernel with its own backward), or None and why not. Opaque to
+    torch.compile (see `_opaque`)."""
+    return _opaque(*_import("fla.modules.norm.layernorm", "rms_norm"))
+
+
+def _opaque(fn: Callable | None, why: str) -> tuple[Callable | None, str]:
+    """`fn` behind torch.compiler.disable: under torch.compile the graph breaks around fla's op and calls
+    it eagerly, instead of dynamo tracing fla's autograd Function and its autotuned Triton launchers
+    (compiled around on the H200 is not yet measured: docs/known-issues.md)."""
+    import torch
+
+    return (None if fn is None else torch.compiler.disable(fn)), why
 
 
 def kda_causal_lm() -> tuple[Callable | None, str]:
