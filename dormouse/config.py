@@ -21,9 +21,9 @@ from pathlib import Path
 from dormouse.errors import ConfigError
 
 
-def _f(default, help: str, *, lo=None, hi=None, choices=None, lo_open=False):
-    """A config field: default, help text and allowed range (inclusive unless lo_open)."""
-    meta = {"help": help, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
+def _f(default, help: str, *, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
+    """A config field: default, help text and allowed range (inclusive unless lo_open / hi_open)."""
+    meta = {"help": help, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open, "hi_open": hi_open}
     return field(default=default, metadata=meta)
 
 
@@ -89,6 +89,14 @@ class ModelConfig:
     jepa_weight: float = _f(0.0, "weight of the JEPA latent-prediction term (jepa) in the loss; 0 = off", lo=0.0)
     jepa_span: int = _f(8, "JEPA: bytes per masked span", lo=1, hi=1024)
     jepa_spans: int = _f(4, "JEPA: masked spans per sequence", lo=1, hi=256)
+    dropout: float = _f(
+        0.0,
+        "dropout probability on the embedding and each mixer/FFN output, training only, masks from the "
+        "(seed, step) dropout stream; 0 = off",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+    )
 
 
 @dataclass
@@ -350,11 +358,11 @@ def _check_range(f: dataclasses.Field, value) -> None:
     lo, hi = meta["lo"], meta["hi"]
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{f.name} {value} is not finite")
-    if lo is not None and (value < lo or (meta["lo_open"] and value == lo)):
-        bracket = "(" if meta["lo_open"] else "["
-        raise ConfigError(f"{f.name} {value} is out of range; allowed {bracket}{lo}, {'inf' if hi is None else hi}]")
-    if hi is not None and value > hi:
-        raise ConfigError(f"{f.name} {value} is out of range; allowed [{lo}, {hi}]")
+    below = lo is not None and (value < lo or (meta["lo_open"] and value == lo))
+    above = hi is not None and (value > hi or (meta["hi_open"] and value == hi))
+    if below or above:
+        start, end = "(" if meta["lo_open"] else "[", ")" if meta["hi_open"] else "]"
+        raise ConfigError(f"{f.name} {value} is out of range; allowed {start}{lo}, {'inf' if hi is None else hi}{end}")
 
 
 def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:

@@ -161,6 +161,7 @@ def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
     assert arms_of({"mor": True, "mor_capacity": 0.25}).endswith(",mor=0.25")
     assert "dspark" not in arms_of() and "jepa" not in arms_of()
     assert arms_of({"dspark_weight": 0.1, "jepa_weight": 0.1}).endswith(",dspark=4/16,jepa=4x8")
+    assert "dropout" not in arms_of() and arms_of({"dropout": 0.2}).endswith(",dropout=0.2")
 
 
 def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeypatch):

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from dormouse import config, ledger, rng
+from dormouse.errors import DormouseError
+from dormouse.model.dropout import dropout, step_generator
 from dormouse.model.model import DormouseLM
 
 MIXERS = ("kda", "attention")
@@ -286,3 +288,61 @@ def test_mor_router_gets_gradients_and_its_term_is_reported(aux_weight):
 def test_mor_decoding_equals_the_full_forward(mixer, memory):
     model = loud_engram(DormouseLM(tiny(mixer, memory=memory, mor=True, engram_layers="0,1"))).eval()
     assert_decode_equals_forward(model)
+
+
+# ---- dropout: masks from the (seed, step, "dropout") stream, training mode only -------------------------
+
+
+def test_dropout_zero_is_bitwise_the_model_without_the_field():
+    x, y = ids(2, 24), ids(2, 24, step=1)
+    plain, zero = DormouseLM(tiny()), DormouseLM(tiny(dropout=0.0))  # training mode
+    a, b = plain(x, y), zero(x, y, dropout_gen=step_generator(0, 0))
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
+
+
+@pytest.mark.parametrize("extra", [{}, {"mor": True}, {"attn_res": True, "persistent_memory": "enabled"}])
+def test_dropout_masks_are_a_pure_function_of_the_generator_and_off_in_eval(extra):
+    if extra.get("persistent_memory"):
+        extra = {**extra, "memory_slots": 3}
+    x, y = ids(2, 24), ids(2, 24, step=1)
+    model = DormouseLM(tiny(dropout=0.3, **extra))
+    torch.manual_seed(1)  # the global RNG plays no part
+    a = model(x, y, dropout_gen=step_generator(0, 5))
+    torch.manual_seed(2)
+    b = model(x, y, dropout_gen=step_generator(0, 5))
+    other = model(x, y, dropout_gen=step_generator(0, 6))
+    rank1 = model(x, y, dropout_gen=step_generator(0, 5, rank=1))
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
+    assert not torch.allclose(a.logits, other.logits) and not torch.allclose(a.logits, rank1.logits)
+    a.loss.backward()  # the masks are differentiable through
+    assert model.embed.weight.grad.abs().sum() > 0
+    no_drop = DormouseLM(tiny(**extra))
+    no_drop.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x, y).logits, no_drop.eval()(x, y).logits)  # eval never drops
+
+
+def test_the_dropout_helper_drops_a_fraction_p_and_scales_the_rest_by_one_over_one_minus_p():
+    n, p = 100_000, 0.3
+    x = torch.rand(n, generator=rng.generator(0, 0, "test")) + 0.5  # no zeros of its own
+    y = dropout(x, p, rng.generator(0, 0, "test"))
+    zeroed = int((y == 0).sum())
+    # Zeros ~ Binomial(n, p): std sqrt(n p (1 − p)) ≈ 145; 5 std would fail a fair mask once in ~3.5 million.
+    assert abs(zeroed - n * p) < 5 * math.sqrt(n * p * (1 - p)), zeroed
+    kept = y != 0
+    assert torch.equal(y[kept], x[kept] / (1 - p))
+    again = dropout(x, p, rng.generator(0, 0, "test"))
+    assert torch.equal(again, y)
+
+
+def test_a_training_forward_with_dropout_and_no_generator_is_refused():
+    model = DormouseLM(tiny(dropout=0.1))
+    with pytest.raises(DormouseError, match="dropout 0.1 is on .* no dropout_gen"):
+        model(ids(2, 24), ids(2, 24, step=1))
+    model.eval()(ids(2, 24))  # eval mode draws nothing, so needs nothing
+
+
+def test_dropout_is_refused_outside_zero_to_one():
+    for p in (1.0, -0.1):
+        with pytest.raises(config.ConfigError, match=r"dropout .* out of range; allowed \[0.0, 1.0\)"):
+            tiny(dropout=p)

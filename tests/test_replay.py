@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 from dormouse import config
-from dormouse.cli import main
+from dormouse.cli import build_parser, main
 from dormouse.data.shards import load_corpus
 from dormouse.tools import replay
 from dormouse.tools.replay import INJECT_ENV, compare
@@ -93,3 +93,22 @@ def test_a_missing_checkpoint_and_config_flags_with_a_run_are_refused(run, capsy
     assert "no checkpoint after 3 updates" in err and "step-00000002, step-00000004" in err
     assert main(["replay", str(run), "--d-model", "64"]) == 2
     assert "--d-model cannot be given with RUN" in capsys.readouterr().err
+
+
+def test_a_step_with_dropout_replays_identical_with_the_masks_of_its_step(corpus_dir, tmp_path, capsys, monkeypatch):
+    """Two real worker processes draw the dropout masks of (seed, step 1): the same as this process's."""
+    monkeypatch.delenv(INJECT_ENV, raising=False)
+    flags = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--seq-len", "32", "--batch-size", "4"]
+    flags += ["--no-kda", "--device", "cpu", "--no-engram"]
+    assert main(["replay", "--data", str(corpus_dir), "--step", "1", *flags, "--dropout", "0.1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("IDENTICAL step=1 "))
+    loss = float(line.split(" loss=")[1].split()[0])
+
+    def second_step_ce(dropout: str) -> float:
+        cfg = config.config_from_args(build_parser().parse_args(["replay", *flags, "--dropout", dropout]))
+        trainer = Trainer(cfg, load_corpus(corpus_dir), tmp_path / dropout, corpus_note="test corpus")
+        trainer.train_step(0)
+        return trainer.train_step(1)
+
+    assert second_step_ce("0.1") == loss
+    assert second_step_ce("0.0") != loss  # the workers did drop

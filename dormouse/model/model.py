@@ -11,7 +11,8 @@ the same logits as the full forward (a test says so). Optional arms of the loop 
 forward at a smaller depth (`--rand-depth`), gradients through the last iterations only, the
 Mixture-of-Recursions router, and the decode's iteration cap and CALM-lite early exit. Auxiliary
 heads on the trunk's output: the DSpark draft head (model/dspark.py) and the JEPA predictor
-(model/jepa.py), each a term in `Output.aux`.
+(model/jepa.py), each a term in `Output.aux`. Dropout (model/dropout.py), in training only, on the
+embedded input and on each mixer and FFN output before it is added.
 """
 
 import hashlib
@@ -27,6 +28,7 @@ from dormouse.config import ModelConfig, engram_layers
 from dormouse.errors import CheckpointError
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
+from dormouse.model.dropout import dropout_of, keep_all
 from dormouse.model.dspark import DraftHead, dspark_term
 from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow
 from dormouse.model.ffn import make_ffn
@@ -100,8 +102,9 @@ class Layer(nn.Module):
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.ffn = make_ffn(d, cfg.ffn_hidden, cfg.n_experts, cfg.experts_top_k, gen)
 
-    def forward(self, x, cache=None, *, step: bool = False, want_cache: bool = False):
-        """x [B,T,d] (or [B,d] with step=True) -> (delta, aux, cache or None)."""
+    def forward(self, x, cache=None, *, step: bool = False, want_cache: bool = False, drop=keep_all):
+        """x [B,T,d] (or [B,d] with step=True) -> (delta, aux, cache or None). `drop` is applied to the
+        mixer's and the FFN's outputs (dropout, as nanoGPT's residual branches)."""
         h = self.mixer_norm(x)
         if step:
             a, cache = self.mixer.step(h, cache)
@@ -109,8 +112,9 @@ class Layer(nn.Module):
             a, cache = self.mixer(h, cache, return_cache=True)
         else:
             a, cache = self.mixer(h, cache), None
+        a = drop(a)
         f, aux = self.ffn(self.ffn_norm(x + a))
-        return a + f, aux, cache
+        return a + drop(f), aux, cache
 
     def advance_state(self, x: torch.Tensor, cache):
         """The mixer's state after one more position x [B,d]; its output is dropped, the FFN not run."""
@@ -174,9 +178,11 @@ class DormouseLM(nn.Module):
 
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
 
-    def _trunk(self, e, caches, plan: LoopPlan, *, keys=None, conv=None, slots=0, step=False, want_cache=False):
+    def _trunk(
+        self, e, caches, plan: LoopPlan, *, keys=None, conv=None, slots=0, step=False, want_cache=False, drop=keep_all
+    ):
         """The looped block on embedded input e, run as `plan` says; `caches` holds one entry per unrolled
-        layer, or None.
+        layer, or None. `drop` is every layer's dropout (model/dropout.py).
 
         `keys` {insertion layer: engram keys of the byte positions} (the last positions of e, after
         `slots` memory slots); in the first iteration each memory's output joins the input of its
@@ -189,7 +195,7 @@ class DormouseLM(nn.Module):
         router_bce = []
         for r in range(plan.depth):
             with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
-                bce = self._iteration(r, stream, caches, plan, out, keys, conv, slots, step, want_cache)
+                bce = self._iteration(r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop)
             router_bce += [] if bce is None else [bce]
             out.iterations = r + 1
             if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
@@ -202,7 +208,7 @@ class DormouseLM(nn.Module):
             out.caches += self._advance_skipped(out.h, caches[len(out.caches) :])
         return out
 
-    def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache):
+    def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop):
         """Loop iteration r over the block's layers: updates `stream` and `out` (caches, summed layer
         terms, engram stats and tails); returns MoR's BCE term of this iteration (None when not routed)."""
         entering, gate, bce = stream.x, None, None
@@ -216,7 +222,7 @@ class DormouseLM(nn.Module):
                 out.engram = read if out.engram is None else out.engram + read
                 stream.add(delta)
             cache = None if caches is None else caches[r * len(self.layers) + j]
-            delta, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache)
+            delta, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache, drop=drop)
             stream.add(delta if gate is None else gate * delta)
             out.caches.append(cache)
             for name, value in aux.items():
@@ -275,6 +281,7 @@ class DormouseLM(nn.Module):
         depth: int | None = None,
         grad_iterations: int = 0,
         jepa_starts: torch.Tensor | None = None,
+        dropout_gen: torch.Generator | None = None,
     ) -> Output:
         """input_ids [B,T] int64; targets [B,T] (the next byte of each input) or None.
 
@@ -287,18 +294,23 @@ class DormouseLM(nn.Module):
         Auxiliary objectives, in `aux` by name: `dspark` (draft head on) in every forward over a whole
         sequence (no cache); `jepa` (predictor on) when `jepa_starts` [B, spans] are given
         (model/jepa.py draws them), and a forward with targets but without them is refused.
+
+        Dropout (`dropout` > 0, training mode only) draws its masks from `dropout_gen`
+        (model/dropout.py's `step_generator`), which such a forward must be given; eval mode never drops.
         """
         _check_bytes(input_ids, "input_ids")
         plan = LoopPlan(self._depth(depth, cache is not None or return_cache), grad_iterations, not self.training)
+        drop = dropout_of(self.cfg.dropout, self.training, dropout_gen)
         e = self.embed(input_ids)
         slots = 0
         if cache is None and self.memory is not None:
             e = self.memory.prepend(e, use_memory)
             slots = e.shape[1] - input_ids.shape[1]
+        e = drop(e)
         keys, window = self._engram_keys(input_ids, cache, return_cache)
         mixers = None if cache is None else cache.mixers
         conv = None if cache is None or cache.engram is None else cache.engram.conv
-        trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache)
+        trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache, drop=drop)
         hidden = trunk.h[:, slots:]
         logits = self._head(hidden)
         out = Output(logits=logits, aux=trunk.aux, engram=trunk.engram)

@@ -231,6 +231,8 @@ def arms(cfg: Config) -> str:
         out.append(f"dspark={m.dspark_k}/{m.dspark_stride}" + ("" if m.dspark_detach else "+trunk"))
     if m.jepa_weight:
         out.append(f"jepa={m.jepa_spans}x{m.jepa_span}")
+    if m.dropout:  # its masks cost a random draw and a multiply per place
+        out.append(f"dropout={m.dropout:g}")
     return ",".join(out)
 
 

@@ -27,6 +27,7 @@ from dormouse.distributed import World
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
+from dormouse.model.dropout import step_generator
 from dormouse.model.engram_shard import clip_grad_norm_ as clip_with_shards_
 from dormouse.model.engram_shard import gather_shards, local_table_state, shard_tables_, with_whole_tables
 from dormouse.model.jepa import span_starts
@@ -161,6 +162,13 @@ class Trainer:
         rows = rank_rows(t.batch_size, self.world.rank, self.world.size)
         return starts[rows.start : rows.stop].to(self.device)
 
+    def dropout_gen(self, step: int) -> torch.Generator | None:
+        """This rank's dropout generator of step `step` (keyed by (seed, step, rank): model/dropout.py); None:
+        dropout off, nothing drawn."""
+        if not self.cfg.model.dropout:
+            return None
+        return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
+
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
         t = self.cfg.train
@@ -169,9 +177,11 @@ class Trainer:
         self.opt.set_lr(lr_multiplier(step, t))
         depth = self.step_depth(step)
         self.depths.append(depth)
-        starts = self.jepa_starts(step)
+        starts, gen = self.jepa_starts(step), self.dropout_gen(step)
         with self.autocast():
-            out = self.replica(x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts)
+            out = self.replica(
+                x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts, dropout_gen=gen
+            )
         # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
         terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
         out.loss.backward()

@@ -1,0 +1,47 @@
+"""Dropout whose masks come from the (seed, step, "dropout") stream, never torch's global RNG.
+
+nanoGPT's places, which model.py applies: the embedded input (memory slots included) and each residual
+branch's output, the mixer's and the FFN's, before it is added, in every loop iteration. Inverted: a kept
+entry is scaled by 1 / (1 − p), so eval mode, which never drops, needs no rescale. F.dropout and
+nn.Dropout draw from the global RNG, so they are not used.
+"""
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from dormouse import rng
+from dormouse.errors import DormouseError
+
+RANK_STRIDE = 2**40  # rank r of a data-parallel run draws from step + r · 2^40: no real step gets there
+
+
+def step_generator(seed: int, step: int, rank: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
+    """The masks' generator of training step `step` on data-parallel rank `rank`. One process (and rank 0)
+    draws the (seed, step) stream; rank r > 0 the stream of step + r · RANK_STRIDE, so the ranks, which
+    train different rows, draw different masks, each a pure function of (seed, step, rank)."""
+    return rng.generator(seed, step + rank * RANK_STRIDE, "dropout", device)
+
+
+def dropout(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
+    """x with each entry zeroed with probability p and the rest scaled by 1 / (1 − p); the mask from `gen`."""
+    keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= p
+    return x * keep / (1 - p)
+
+
+def keep_all(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def dropout_of(p: float, training: bool, gen: torch.Generator | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What one forward applies at each dropout place: `keep_all` (nothing drawn) in eval mode or with p
+    0; otherwise dropout from `gen`, which a training forward must be given."""
+    if not training or p == 0:
+        return keep_all
+    if gen is None:
+        raise DormouseError(
+            f"dropout {p} is on and the model is in training mode, but this forward got no dropout_gen: pass "
+            "dropout.step_generator(seed, step) (masks never come from torch's global RNG), or call model.eval()"
+        )
+    return partial(dropout, p=p, gen=gen)
