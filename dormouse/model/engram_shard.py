@@ -30,8 +30,8 @@ Equal to the replicated path (`train/parallel.py`): the forward's rows are copie
 bitwise. The gradient is summed in the replicated path's order (one `coalesce` of the rank's lookups,
 then the ranks' sums added in rank order and divided by W), so at W = 2 (one addition per row,
 commutative) the table gradients are bitwise. The gradient norm is not: it adds the shards' squared
-norms (`clip_grad_norm_`), so a clipped step differs in the last bits (docs/distributed.md has the
-measured difference).
+norms (`train/sparse.py`'s `clip_grad_norm_`, its `split`), so a clipped step differs in the last
+bits (docs/distributed.md has the measured difference).
 
 Checkpoints stay in the one-process format: `gather_shards` sends every shard and its SparseRowAdam
 state to rank 0, which writes whole tables; a whole table loads into a ShardedTable by taking its rows
@@ -39,15 +39,12 @@ state to rank 0, which writes whole tables; a whole table loads into a ShardedTa
 size, sharded or not, and a replicated one resumes sharded.
 """
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from dormouse.distributed import World
 from dormouse.model.engram import Engram
-from dormouse.train.sparse import clip_grad_norm_ as clip_whole_
 
 # ---- the partition ---------------------------------------------------------------------------------------
 
@@ -193,37 +190,6 @@ def idle_lookups(model: nn.Module, times: int = 1) -> None:
         for t in tables:
             with torch.no_grad():
                 t(torch.empty(0, dtype=torch.int64, device=t.weight.device))
-
-
-# ---- the gradient norm -----------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def clip_grad_norm_(model: nn.Module, max_norm: float, world: World) -> torch.Tensor:
-    """`dormouse.train.sparse.clip_grad_norm_` over the whole model, whose sharded tables' gradients
-    are split over the ranks: their squared norms are all-reduced (every rank, in step). Without
-    sharded tables it is that function, bit for bit."""
-    shards = [m.weight for _, m in sharded_tables(model)]
-    if not shards:
-        return clip_whole_(model.parameters(), max_norm)
-    ids = {id(p) for p in shards}
-    rest = clip_whole_([p for p in model.parameters() if id(p) not in ids], math.inf)  # the norm only
-    for p in shards:
-        if p.grad is not None:
-            p.grad = p.grad.coalesce()
-    sq = torch.zeros((), dtype=torch.float32, device=rest.device)
-    for p in shards:
-        if p.grad is not None:
-            sq = sq + p.grad.values().float().pow(2).sum().to(sq.device)
-    total = torch.sqrt(rest.float() ** 2 + world.sum(sq))
-    dense = [p for p in model.parameters() if p.grad is not None and id(p) not in ids]
-    if dense:
-        nn.utils.clip_grads_with_norm_(dense, max_norm, total)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for p in shards:
-        if p.grad is not None:
-            p.grad.values().mul_(coef.to(p.grad.device, p.grad.dtype))
-    return total
 
 
 # ---- checkpoints: whole tables on rank 0, this rank's rows on load -----------------------------------------

@@ -181,7 +181,7 @@ class SparseRowAdam(torch.optim.Optimizer):
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(parameters, max_norm: float, *, split=(), world=None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ (2-norm) that also takes sparse COO gradients (Engram tables).
 
     A sparse gradient is coalesced first (duplicate rows summed: the norm is of the summed gradient)
@@ -192,7 +192,9 @@ def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
     Gradients that are DTensors (parameters sharded by FSDP2) join the total through the norm of all of
     them, whole (torch's `get_total_norm` gives a DTensor partial over the ranks; its `full_tensor()`
     all-reduces it); every other gradient (the replicated engram tables, identical on every rank) is
-    counted once, from this rank's copy.
+    counted once, from this rank's copy. `split` are parameters whose sparse gradients hold only this
+    rank's rows (`--engram-shard`'s tables): their squared norms are summed over the ranks of `world`
+    (one all-reduce, on every rank, with or without a gradient here).
     """
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     params = [p for p in params if p.grad is not None]
@@ -200,15 +202,23 @@ def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
     sparse = [p for p in params if p.grad.is_sparse]
     for p in sparse:
         p.grad = p.grad.coalesce()
+    split_ids = {id(p) for p in split}
+    whole = [p for p in sparse if id(p) not in split_ids]
     sharded = [p.grad for p in dense if isinstance(p.grad, DTensor)]
     if sharded:  # FSDP2: the shards' norm, all-reduced once; the replicated tables and the rest count once
-        whole = nn.utils.get_total_norm(sharded, 2.0)
-        whole = whole.full_tensor() if isinstance(whole, DTensor) else whole
-        rest = [p.grad for p in dense if not isinstance(p.grad, DTensor)] + [p.grad.values() for p in sparse]
-        total = nn.utils.get_total_norm([whole, *rest], 2.0)
+        shards_norm = nn.utils.get_total_norm(sharded, 2.0)
+        shards_norm = shards_norm.full_tensor() if isinstance(shards_norm, DTensor) else shards_norm
+        rest = [p.grad for p in dense if not isinstance(p.grad, DTensor)] + [p.grad.values() for p in whole]
+        total = nn.utils.get_total_norm([shards_norm, *rest], 2.0)
     else:
-        norms_of = [p.grad for p in dense] + [p.grad.values() for p in sparse]
+        norms_of = [p.grad for p in dense] + [p.grad.values() for p in whole]
         total = nn.utils.get_total_norm(norms_of, 2.0)
+    if split_ids:
+        sq = torch.zeros((), dtype=torch.float32, device=total.device)
+        for p in split:
+            if p.grad is not None:
+                sq = sq + p.grad.values().float().pow(2).sum().to(sq.device)
+        total = torch.sqrt(total.float() ** 2 + world.sum(sq))
     if dense:
         nn.utils.clip_grads_with_norm_(dense, max_norm, total)
     if sparse:

@@ -28,8 +28,13 @@ from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
 from dormouse.model.dropout import step_generator
-from dormouse.model.engram_shard import clip_grad_norm_ as clip_with_shards_
-from dormouse.model.engram_shard import gather_shards, local_table_state, shard_tables_, with_whole_tables
+from dormouse.model.engram_shard import (
+    gather_shards,
+    local_table_state,
+    shard_tables_,
+    sharded_tables,
+    with_whole_tables,
+)
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
@@ -43,6 +48,7 @@ from dormouse.train.parallel import (
 )
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
+from dormouse.train.sparse import clip_grad_norm_
 from dormouse.train.stress import StressMonitor
 
 
@@ -188,7 +194,9 @@ class Trainer:
         average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
         # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
         # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.
-        self.grad_norm = clip_with_shards_(self.model, t.grad_clip or math.inf, self.world)
+        shards = [m.weight for _, m in sharded_tables(self.model)]  # --engram-shard: this rank's rows only
+        max_norm = t.grad_clip or math.inf
+        self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
         # The step's one host sync, after the backward has been queued: every term's value at once.
         values = dict(zip(terms, torch.stack([v.detach().float() for v in terms.values()]).tolist(), strict=True))
         for name, value in values.items():
