@@ -137,6 +137,11 @@ class TrainConfig:
         lo=0.0,
         lo_open=True,
     )
+    cuda_graph: bool = _f(
+        False,
+        "capture the step's forward and backward as one CUDA graph and replay it (CUDA, one process, fixed "
+        "depth, no dropout, MoR or experts; dormouse/train/graphed.py)",
+    )
     engram_shard: bool = _f(
         False,
         "engram table rows partitioned over the ranks (row i on rank i mod W), looked up by all-to-all "
@@ -275,6 +280,7 @@ def validate(cfg: Config) -> None:
     _check_adaptive_depth(m, t)
     _check_aux_terms(m, t)
     _check_engram_shard(m, t)
+    _check_cuda_graph(m, t)
     if t.eval_bytes and t.eval_bytes < t.seq_len:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
@@ -336,6 +342,22 @@ def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:
         raise ConfigError("engram_shard is built for parallel ddp, not fsdp (--engram-shard with --parallel fsdp)")
 
 
+def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
+    """A captured step replays the same kernels on the same shapes: what changes them per step is refused."""
+    if not t.cuda_graph:
+        return
+    changing = {
+        "rand_depth": (t.rand_depth, "the loop depth changes per step"),
+        "mor": (m.mor, "MoR's routed positions change the shapes per step"),
+        "n_experts": (m.n_experts > 1, "expert routing sizes its batches per step"),
+        "dropout": (m.dropout > 0, "dropout draws masks from a per-step generator"),
+        "engram_shard": (t.engram_shard, "sharded lookups exchange data-dependent sizes"),
+    }
+    for name, (on, why) in changing.items():
+        if on:
+            raise ConfigError(f"cuda_graph with {name} is not built: {why}, a captured graph replays fixed ones")
+
+
 def _check_aux_terms(m: ModelConfig, t: TrainConfig) -> None:
     """A training sequence too short for DSpark's first window or JEPA's spans would train a term of
     exactly zero: refused."""
@@ -388,6 +410,8 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         t.device = "cuda" if cuda_available else "cpu"
     elif t.device == "cuda" and not cuda_available:
         raise ConfigError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
+    if t.cuda_graph and (t.device != "cuda" or t.parallel != "none"):
+        raise ConfigError(f"cuda_graph needs one process on CUDA; this run is device {t.device}, parallel {t.parallel}")
     if t.dtype in ("bf16", "tf32") and t.device == "cpu":
         raise ConfigError(f"dtype {t.dtype} is for CUDA; on cpu use --dtype fp32")
     if m.persistent_memory == "size-match":

@@ -167,7 +167,10 @@ def _keys_from_context(ctx: torch.Tensor, orders, heads: int, rows: int, seed: i
 def _check_bytes(x: torch.Tensor, name: str) -> None:
     if x.dtype != torch.int64:
         raise TypeError(f"{name} must be int64 byte values, got {x.dtype}")
-    if x.numel() and bool(((x < 0) | (x > 255)).any()):  # one host sync
+    # One host sync, which a CUDA graph capture cannot hold: a captured step's bytes are checked when
+    # its rows are looked up, eagerly, before each replay (train/graphed.py).
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if x.numel() and not capturing and bool(((x < 0) | (x > 255)).any()):
         # A value ≥ 256 would alias PAD (or be hashed as a non-byte): refuse rather than hash it.
         raise ValueError(f"{name} must hold bytes in [0, 256); got values in [{int(x.min())}, {int(x.max())}]")
 
@@ -414,6 +417,9 @@ class Engram(nn.Module):
         self.key_norm = RMSNorm(d_model, eps)
         self.hidden_norm = RMSNorm(d_model, eps)
         self.conv = EngramConv(d_model, CONV_SIZE, max(self.orders), eps) if conv else None
+        # Set only while a CUDA graph captures a training step (dormouse/train/graphed.py): the looked-up
+        # rows [B, T, arms, dim] the captured forward reads in place of the table, looked up eagerly.
+        self.captured_rows: torch.Tensor | None = None
         self.reset_parameters(generator)
 
     def reset_parameters(self, gen: torch.Generator) -> None:
@@ -453,6 +459,11 @@ class Engram(nn.Module):
     def _lookup(self, idx: torch.Tensor) -> torch.Tensor:
         # Eager even inside torch.compile: AOTAutograd cannot trace the table's sparse gradient, so the
         # compiled graph breaks here and takes the looked-up rows as an input.
+        if self.captured_rows is not None:
+            if self.captured_rows.shape != (*idx.shape, self.dim):
+                got = tuple(self.captured_rows.shape)
+                raise ValueError(f"captured rows {got} do not match the lookups {tuple(idx.shape)} × dim {self.dim}")
+            return self.captured_rows
         return self.table(idx)
 
     def forward(

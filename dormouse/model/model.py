@@ -245,7 +245,7 @@ class DormouseLM(nn.Module):
             delta = torch.cat([delta.new_zeros(*delta.shape[:-2], slots, delta.shape[-1]), delta], -2)
         return delta, stats, conv_tail
 
-    def _memories(self) -> list[tuple[int, Engram]]:
+    def memories(self) -> list[tuple[int, Engram]]:
         """(insertion layer, its engram memory), ascending; none when the arm is off."""
         return [] if self.engram is None else [(int(j), m) for j, m in self.engram.items()]
 
@@ -253,7 +253,7 @@ class DormouseLM(nn.Module):
         """Each memory's keys of input_ids ({insertion layer: [B, T, arms]}) and the byte window after
         them (None when neither wanted nor continued), or (None, None) when the arm is off. A sequence
         continued from `cache` hashes across the seam."""
-        memories = self._memories()
+        memories = self.memories()
         if not memories:
             return None, None
         if cache is None:  # THE key function, as in training and eval
@@ -360,7 +360,7 @@ class DormouseLM(nn.Module):
     def new_cache(self, batch_size: int, device: torch.device | str = "cpu") -> ModelCache:
         """An empty decode state; the persistent memory slots (if any) have already been run through."""
         caches = [None] * (self.cfg.depth * len(self.layers))
-        memories = self._memories()
+        memories = self.memories()
         window = memories[0][1].empty_window(batch_size, device) if memories else None
         tails = {}
         if self.memory is not None:
@@ -390,7 +390,7 @@ class DormouseLM(nn.Module):
         engram, keys, conv = cache.engram, None, None
         if engram is not None:
             keys, conv = {}, engram.conv
-            for j, m in self._memories():
+            for j, m in self.memories():
                 keys[j], window = m.step_keys(engram.window, byte)
         plan = LoopPlan(max_iter, exit_after=exit_after)
         trunk = self._trunk(self.embed(byte), cache.mixers, plan, keys=keys, conv=conv, step=True)
@@ -410,7 +410,7 @@ class DormouseLM(nn.Module):
         """sha256 over every memory's key fingerprint with its layer: how all the tables are addressed."""
         if self.engram is None:
             return None
-        text = " ".join(f"layer={j}:{m.fingerprint()}" for j, m in self._memories())
+        text = " ".join(f"layer={j}:{m.fingerprint()}" for j, m in self.memories())
         return hashlib.sha256(f"engram-memories-v1 {text}".encode()).hexdigest()
 
     def checkpoint_parts(self, state: dict | None = None) -> tuple[dict, dict, dict]:
@@ -420,7 +420,7 @@ class DormouseLM(nn.Module):
         The tables keep their parameter names (`engram.<layer>.table.weight`), so one file holds all.
         """
         state = self.state_dict() if state is None else state
-        prefixes = tuple(f"engram.{j}.table." for j, _ in self._memories())
+        prefixes = tuple(f"engram.{j}.table." for j, _ in self.memories())
         tables = {k: v for k, v in state.items() if prefixes and k.startswith(prefixes)}
         dense = {k: v for k, v in state.items() if k not in tables}
         stamp = {"engram_keys": self.engram_fingerprint()}

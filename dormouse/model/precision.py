@@ -38,8 +38,9 @@ def apply(dtype: str) -> str:
     return f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}"
 
 
-def autocast(dtype: str, device_type: str):
-    """The context a forward runs under for `dtype`: bf16 autocast (master weights stay fp32), else none."""
+def autocast(dtype: str, device_type: str, *, cache: bool = True):
+    """The context a forward runs under for `dtype`: bf16 autocast (master weights stay fp32), else none.
+    `cache=False` recasts a weight at every use: a CUDA graph capture must not keep casts made outside it."""
     if dtype == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
+        return torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()

@@ -233,6 +233,8 @@ def arms(cfg: Config) -> str:
         out.append(f"jepa={m.jepa_spans}x{m.jepa_span}")
     if m.dropout:  # its masks cost a random draw and a multiply per place
         out.append(f"dropout={m.dropout:g}")
+    if t.cuda_graph:  # not an arm, but a row of a replayed step must not price the eager one
+        out.append("cuda_graph")
     return ",".join(out)
 
 

@@ -38,6 +38,7 @@ from dormouse.model.engram_shard import (
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
+from dormouse.train.graphed import GraphedStep
 from dormouse.train.parallel import (
     average_sparse_grads_,
     data_parallel,
@@ -77,6 +78,8 @@ class Trainer:
         self.groups = route(self.model, t.opt)
         self.opt = build_optimizers(self.groups, t)
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
+        # --cuda-graph: forward + backward captured at the first step and replayed (train/graphed.py).
+        self.graphed = GraphedStep(self.model, self._captured_forward, self.device) if t.cuda_graph else None
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
@@ -175,6 +178,11 @@ class Trainer:
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
 
+    def _captured_forward(self, x, y, jepa_starts):
+        """The forward a CUDA graph captures: the run's own, at the config's depth, without autocast's cache."""
+        with precision.autocast(self.cfg.train.dtype, self.device.type, cache=False):
+            return self.replica(x, y, jepa_starts=jepa_starts)
+
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
         t = self.cfg.train
@@ -184,13 +192,17 @@ class Trainer:
         depth = self.step_depth(step)
         self.depths.append(depth)
         starts, gen = self.jepa_starts(step), self.dropout_gen(step)
-        with self.autocast():
-            out = self.replica(
-                x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts, dropout_gen=gen
-            )
-        # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
-        terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
-        out.loss.backward()
+        if self.graphed is not None:  # forward and backward replayed; the gradients are set
+            out = self.graphed(x, y, starts)
+            terms = {"loss": out.loss, "ce": out.ce, **out.aux}
+        else:
+            with self.autocast():
+                out = self.replica(
+                    x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts, dropout_gen=gen
+                )
+            # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
+            terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
+            out.loss.backward()
         average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
         # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
         # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.

@@ -1,0 +1,182 @@
+"""`--cuda-graph`: the training step's forward and backward captured once as a CUDA graph and replayed.
+
+Why: on the H200 the `small` step is bound by the host, not the GPU (docs/performance.md: ~20 ms of GPU
+work under ~120 ms of Python, fla's wrappers and ~900 launches). A replay launches the whole forward
+and backward at once.
+
+What is captured: the replica's forward and backward at the run's fixed (batch, seq_len) and depth,
+under the run's autocast, writing every dense parameter's gradient into the graph's own memory.
+What stays eager, around each replay:
+- copying the batch (and JEPA's span starts) into the graph's static inputs;
+- each engram table's row lookup: the captured forward reads the looked-up rows from a static leaf
+  tensor instead of the table (`Engram.captured_rows`), and after the replay the table's sparse gradient
+  is built from that leaf's gradient exactly as `nn.Embedding(sparse=True)`'s backward builds it (row
+  indices, one gradient row per lookup, uncoalesced); the tables' row-wise optimizer needs
+  data-dependent sizes, which a graph cannot hold;
+- the gradient clip and every optimizer step (the learning rate changes every step).
+Python side effects of the forward (the kernel-path counters, the fallback ledger's counts) run once,
+at capture; each replay adds what the captured step counted, so the eval line counts every step.
+
+A path a graph cannot hold is refused by config validation (`cuda_graph_refusals`), never replaced.
+The warm-up before the capture runs the forward and backward three times on the first batch (fla
+autotunes and compiles there, not inside the capture) and leaves no trace: gradients and counters are
+reset to what they were.
+"""
+
+import torch
+
+from dormouse import counters, ledger
+from dormouse.model.engram import global_rows
+from dormouse.model.model import DormouseLM, Output
+
+WARMUP_RUNS = 3  # PyTorch's recipe for whole-network capture warms up on a side stream this many times
+
+
+class CountSnapshot:
+    """The kernel-path counters and ledger counts at one moment; `since` gives what happened after it."""
+
+    def __init__(self):
+        self.kda = (counters.KDA.fused, counters.KDA.calls)
+        self.norm = (counters.NORM.fused, counters.NORM.calls)
+        self.ledger = dict(ledger.COUNTS)
+
+    def restore(self) -> None:
+        counters.KDA.fused, counters.KDA.calls = self.kda
+        counters.NORM.fused, counters.NORM.calls = self.norm
+        ledger.COUNTS.clear()
+        ledger.COUNTS.update(self.ledger)
+
+    def since(self) -> "CountDelta":
+        now = CountSnapshot()
+        kda = tuple(b - a for a, b in zip(self.kda, now.kda, strict=True))
+        norm = tuple(b - a for a, b in zip(self.norm, now.norm, strict=True))
+        return CountDelta(kda, norm, {k: v - self.ledger.get(k, 0) for k, v in now.ledger.items()})
+
+
+class CountDelta:
+    """What one captured step counted; `replay` adds it once more."""
+
+    def __init__(self, kda: tuple[int, int], norm: tuple[int, int], ledger_counts: dict[str, int]):
+        self.kda, self.norm, self.ledger = kda, norm, {k: v for k, v in ledger_counts.items() if v}
+
+    def replay(self) -> None:
+        counters.KDA.fused += self.kda[0]
+        counters.KDA.calls += self.kda[1]
+        counters.NORM.fused += self.norm[0]
+        counters.NORM.calls += self.norm[1]
+        for name, n in self.ledger.items():
+            ledger.COUNTS[name] += n
+
+
+def look_up_rows_(model: DormouseLM, x: torch.Tensor, rows: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Each memory's table rows for the bytes x, copied into `rows` ({insertion layer: [B, T, arms, dim]},
+    what `Engram.captured_rows` hands the forward); returns the row indices ({layer: [B, T, arms]})."""
+    looked_up = {}
+    with torch.no_grad():
+        for j, m in model.memories():
+            looked_up[j] = global_rows(m.keys(x), m.rows)
+            rows[j].copy_(m.table(looked_up[j]))
+    return looked_up
+
+
+def set_table_grads_(model: DormouseLM, rows: dict[int, torch.Tensor], looked_up: dict[int, torch.Tensor]) -> None:
+    """Each table's gradient from its looked-up rows' gradient, as nn.Embedding(sparse=True)'s backward
+    builds it: one (row index, gradient row) pair per lookup, uncoalesced."""
+    for j, m in model.memories():
+        m.table.weight.grad = torch.sparse_coo_tensor(
+            looked_up[j].reshape(1, -1), rows[j].grad.reshape(-1, m.dim), m.table.weight.shape, check_invariants=False
+        )
+
+
+class GraphedStep:
+    """Forward + backward of one training step, captured at the first call and replayed after it.
+
+    `forward(x, y, jepa_starts)` runs the replica and returns its Output (called at warm-up and capture
+    only). A call returns the captured Output, whose loss, ce and aux tensors the replay has refilled,
+    with every parameter's `.grad` set: dense ones to the graph's gradient buffers, each engram table's
+    to its sparse gradient of this batch.
+    """
+
+    def __init__(self, model: DormouseLM, forward, device: torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"a CUDA graph needs a CUDA device, got {device}")
+        self.model, self.forward, self.device = model, forward, device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: dict[str, torch.Tensor | None] = {}
+        self.rows: dict[int, torch.Tensor] = {}  # insertion layer -> [B, T, arms, dim] leaf the graph reads
+        self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self.out: Output | None = None
+        self.counts: CountDelta | None = None
+        self.replays = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, jepa_starts: torch.Tensor | None) -> Output:
+        if self.graph is None:
+            self._capture(x, y, jepa_starts)
+        looked_up = self._fill(x, y, jepa_starts)
+        self.graph.replay()
+        self.replays += 1
+        self.counts.replay()
+        for p, g in self.grads.items():  # the optimizers' zero_grad(set_to_none) dropped the references
+            p.grad = g
+        set_table_grads_(self.model, self.rows, looked_up)
+        return self.out
+
+    def _fill(self, x, y, jepa_starts) -> dict[int, torch.Tensor]:
+        """Copy this step's inputs into the static tensors and look up its engram rows into theirs;
+        returns the table rows each memory looked up ({insertion layer: [B, T, arms]})."""
+        if x.shape != self.static["x"].shape:
+            raise ValueError(
+                f"a captured step takes batches of shape {tuple(self.static['x'].shape)}, got {tuple(x.shape)}"
+            )
+        self.static["x"].copy_(x)
+        self.static["y"].copy_(y)
+        if jepa_starts is not None:
+            self.static["jepa_starts"].copy_(jepa_starts)
+        return look_up_rows_(self.model, x, self.rows)
+
+    def _capture(self, x, y, jepa_starts) -> None:
+        starts = None if jepa_starts is None else jepa_starts.clone()
+        self.static = {"x": x.clone(), "y": y.clone(), "jepa_starts": starts}
+        for j, m in self.model.memories():
+            if not m.table.sparse:
+                raise ValueError("a captured step builds the engram tables' sparse gradients; this table is dense")
+            shape = (*x.shape, m.arms, m.dim)
+            self.rows[j] = torch.zeros(shape, device=self.device, dtype=m.table.weight.dtype, requires_grad=True)
+        before = CountSnapshot()
+        params = list(self.model.parameters())
+        self._set_rows(True)
+        try:
+            self._fill(x, y, jepa_starts)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    self._clear_grads(params)
+                    self._forward_backward()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._clear_grads(params)
+            before.restore()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._forward_backward()
+            self.counts = before.since()
+            before.restore()
+        finally:
+            self._set_rows(False)
+        self.grads = {p: p.grad for p in params if p.grad is not None}
+
+    def _forward_backward(self) -> Output:
+        s = self.static
+        out = self.forward(s["x"], s["y"], s["jepa_starts"])
+        out.loss.backward()
+        return out
+
+    def _set_rows(self, on: bool) -> None:
+        for j, m in self.model.memories():
+            m.captured_rows = self.rows[j] if on else None
+
+    def _clear_grads(self, params) -> None:
+        for p in params:
+            p.grad = None
+        for rows in self.rows.values():
+            rows.grad = None

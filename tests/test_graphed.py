@@ -1,0 +1,120 @@
+"""--cuda-graph's CPU-checkable parts (dormouse/train/graphed.py): the engram rows looked up outside the
+forward give the same loss and gradients as the table looked up inside it, bit for bit, and the table's
+sparse gradient is the one nn.Embedding builds; counters replay what a captured step counted; every
+path a graph cannot hold is refused. The capture itself: tests/gpu/test_graphed_step.py."""
+
+import pytest
+import torch
+
+from dormouse import config, counters, ledger, rng
+from dormouse.errors import ConfigError
+from dormouse.model.model import DormouseLM
+from dormouse.train.graphed import CountSnapshot, GraphedStep, look_up_rows_, set_table_grads_
+
+
+def small_model(**model):
+    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257}
+    values.update({"engram_dim": 8, "engram_layers": "0,1", **model})
+    cfg = config.resolve(config.build("nano", {"model": values}), cuda_available=False)
+    return DormouseLM(cfg.model, seed=3)
+
+
+def batch(seed=0, b=3, t=40):
+    x = torch.randint(0, 256, (b, t + 1), generator=rng.generator(seed, 0, "test"))
+    return x[:, :-1], x[:, 1:]
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None and not p.grad.is_sparse}
+
+
+@pytest.mark.parametrize(
+    "model_args",
+    [{}, {"jepa_weight": 0.5, "dspark_weight": 0.3}, {"persistent_memory": "size-match", "memory_slots": 4}],
+)
+def test_rows_looked_up_outside_equal_the_table_inside_bitwise(model_args):
+    model = small_model(**model_args)
+    x, y = batch()
+    starts = torch.tensor([[2, 20]] * 3) if model_args.get("jepa_weight") else None
+    inside = model(x, y, jepa_starts=starts)
+    inside.loss.backward()
+    dense = grads(model)
+    tables = {j: m.table.weight.grad for j, m in model.memories()}
+    model.zero_grad(set_to_none=True)
+
+    rows = {j: torch.zeros(*x.shape, m.arms, m.dim, requires_grad=True) for j, m in model.memories()}
+    looked_up = look_up_rows_(model, x, rows)
+    for j, m in model.memories():
+        m.captured_rows = rows[j]
+    outside = model(x, y, jepa_starts=starts)
+    outside.loss.backward()
+    set_table_grads_(model, rows, looked_up)
+
+    assert len(tables) == 2
+    assert torch.equal(outside.loss, inside.loss) and torch.equal(outside.ce, inside.ce)
+    assert outside.aux.keys() == inside.aux.keys()
+    for name in inside.aux:
+        assert torch.equal(outside.aux[name], inside.aux[name]), name
+    after = grads(model)
+    assert after.keys() == dense.keys()
+    for name in dense:
+        assert torch.equal(after[name], dense[name]), name
+    for j, m in model.memories():
+        got, want = m.table.weight.grad, tables[j]
+        assert got.is_sparse and not got.is_coalesced()
+        assert torch.equal(got._indices(), want._indices()) and torch.equal(got._values(), want._values())
+        assert torch.equal(got.coalesce().to_dense(), want.coalesce().to_dense())
+
+
+def test_captured_rows_of_the_wrong_shape_are_refused():
+    model = small_model()
+    x, y = batch()
+    for _, m in model.memories():
+        m.captured_rows = torch.zeros(*x.shape, m.arms, m.dim + 1)
+    with pytest.raises(ValueError, match="captured rows"):
+        model(x, y)
+
+
+def test_counts_of_the_captured_step_are_added_at_each_replay():
+    counters.KDA.reset(), counters.NORM.reset()
+    ledger.COUNTS.clear()
+    counters.KDA.record(True)
+    before = CountSnapshot()
+    for fused in (True, False, True):  # what one captured step counts
+        counters.KDA.record(fused)
+    counters.NORM.record(False)
+    site = ledger.all_sites()[0].name
+    ledger.COUNTS[site] += 2
+    delta = before.since()
+    before.restore()
+    assert (counters.KDA.fused, counters.KDA.calls, counters.NORM.calls) == (1, 1, 0) and not ledger.COUNTS
+    delta.replay()
+    delta.replay()
+    assert (counters.KDA.fused, counters.KDA.calls) == (1 + 2 * 2, 1 + 2 * 3)
+    assert (counters.NORM.fused, counters.NORM.calls) == (0, 2)
+    assert ledger.COUNTS == {site: 4}
+    counters.KDA.reset(), counters.NORM.reset()
+    ledger.COUNTS.clear()
+
+
+@pytest.mark.parametrize(
+    "model,train,name",
+    [
+        ({}, {"rand_depth": True}, "rand_depth"),
+        ({"mor": True}, {}, "mor"),
+        ({"n_experts": 4}, {}, "n_experts"),
+        ({"dropout": 0.1}, {}, "dropout"),
+    ],
+)
+def test_paths_a_graph_cannot_hold_are_refused(model, train, name):
+    cfg = config.build("nano", {"model": model, "train": {"cuda_graph": True, **train}})
+    with pytest.raises(ConfigError, match=f"cuda_graph with {name} is not built"):
+        config.validate(cfg)
+
+
+def test_cuda_graph_needs_one_process_on_cuda():
+    cfg = config.build("nano", {"train": {"cuda_graph": True}})
+    with pytest.raises(ConfigError, match="cuda_graph needs one process on CUDA; this run is device cpu"):
+        config.resolve(cfg, cuda_available=False)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        GraphedStep(small_model(), None, torch.device("cpu"))
