@@ -13,6 +13,7 @@ from dormouse.decode.generate import generate
 from dormouse.decode.speculative import verify
 from dormouse.errors import DormouseError
 from dormouse.model.model import DormouseLM
+from dormouse.tools.history import read_history
 
 PROMPT = b"The dormouse"
 
@@ -116,3 +117,31 @@ def test_cli_generate_speculative_reports_the_acceptance(tmp_path, capsys):
         assert main([*argv, "--speculative", "--temperature", temperature]) == 0
         err = capsys.readouterr().err
         assert re.search(r"speculative: k=4, \d+ rounds, accepted \d+ of \d+ drafted bytes \(rate [\d.]+\)", err)
+
+
+def test_cli_generate_record_appends_a_decode_row_with_the_reported_rate(tmp_path, capsys):
+    run, history = tmp_path / "run", tmp_path / "history.tsv"
+    run.mkdir()
+    save_untrained_run(run, {"d_model": 32, "n_heads": 2, "engram_rows": 512, "dspark_weight": 0.5})
+    argv = ["generate", str(run), "--ckpt", "last", "--prompt", "abc", "--max-bytes", "6", "--device", "cpu"]
+    for extra in ([], ["--speculative"]):
+        assert main([*argv, "--temperature", "0", *extra, "--record", "--history", str(history)]) == 0
+    reported = re.findall(r"generated 6 bytes from .* in ([\d.]+) s \(([\d.]+) bytes/s\)", capsys.readouterr().err)
+    rows = read_history(history)
+    assert len(rows) == 2 == len(reported)
+    for row, (_, rate), options in zip(
+        rows, reported, ("--temperature 0", "--speculative --temperature 0"), strict=True
+    ):
+        assert (row["model"], row["batch"], row["seq_len"], row["dtype"], row["steps"]) == (
+            "dormouse-decode",
+            "1",
+            "6",
+            "fp32",
+            "6",
+        )
+        assert float(row["tokens_per_s"]) == pytest.approx(float(rate), rel=0.01)
+        assert float(row["ms_per_step"]) == pytest.approx(1000 / float(rate), rel=0.01)
+        assert row["note"].startswith(f"decode {options}; prompt 3 bytes; mean iterations/byte 2.00")
+        assert row["heldout_bpb"] == "-" and row["mfu"] == "-"
+    assert rows[0]["arms"].endswith("dspark=4/16") and rows[1]["arms"].endswith("dspark=4/16,speculative")
+    assert "speculative: k=4" in rows[1]["note"] and "speculative" not in rows[0]["note"].split(";")[0][7:]

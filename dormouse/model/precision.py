@@ -38,9 +38,13 @@ def apply(dtype: str) -> str:
     return f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}"
 
 
-def autocast(dtype: str, device_type: str, *, cache: bool = True):
+def autocast(dtype: str, device_type: str):
     """The context a forward runs under for `dtype`: bf16 autocast (master weights stay fp32), else none.
-    `cache=False` recasts a weight at every use: a CUDA graph capture must not keep casts made outside it."""
+
+    Autocast's cache of weight casts is off: with it, the looped block's uses of one weight share one
+    bf16 copy, so their gradients are summed in bf16 before reaching the fp32 weight; without it each
+    use's gradient is summed in fp32. It also keeps a CUDA graph capture (train/graphed.py) from holding
+    casts made outside it, so a replayed step equals the eager one bitwise."""
     if dtype == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=cache)
+        return torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False)
     return contextlib.nullcontext()

@@ -179,8 +179,8 @@ class Trainer:
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
 
     def _captured_forward(self, x, y, jepa_starts):
-        """The forward a CUDA graph captures: the run's own, at the config's depth, without autocast's cache."""
-        with precision.autocast(self.cfg.train.dtype, self.device.type, cache=False):
+        """The forward a CUDA graph captures: the run's own, at the config's depth."""
+        with self.autocast():
             return self.replica(x, y, jepa_starts=jepa_starts)
 
     def train_step(self, step: int) -> float:
