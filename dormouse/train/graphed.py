@@ -17,7 +17,8 @@ What stays eager, around each replay:
 Python side effects of the forward (the kernel-path counters, the fallback ledger's counts) run once,
 at capture; each replay adds what the captured step counted, so the eval line counts every step.
 
-A path a graph cannot hold is refused by config validation (`cuda_graph_refusals`), never replaced.
+A path a graph cannot hold is refused by config validation (config.py's `_check_cuda_graph` and
+`resolve`), never replaced.
 The warm-up before the capture runs the forward and backward three times on the first batch (fla
 autotunes and compiles there, not inside the capture) and leaves no trace: gradients and counters are
 reset to what they were.
@@ -112,9 +113,8 @@ class GraphedStep:
         self.replays = 0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, jepa_starts: torch.Tensor | None) -> Output:
-        if self.graph is None:
-            self._capture(x, y, jepa_starts)
-        looked_up = self._fill(x, y, jepa_starts)
+        # The capture leaves this batch in the static inputs and its rows looked up: replayed as they are.
+        looked_up = self._capture(x, y, jepa_starts) if self.graph is None else self._fill(x, y, jepa_starts)
         self.graph.replay()
         self.replays += 1
         self.counts.replay()
@@ -136,7 +136,8 @@ class GraphedStep:
             self.static["jepa_starts"].copy_(jepa_starts)
         return look_up_rows_(self.model, x, self.rows)
 
-    def _capture(self, x, y, jepa_starts) -> None:
+    def _capture(self, x, y, jepa_starts) -> dict[int, torch.Tensor]:
+        """Warm up and capture on this batch; returns its looked-up rows as `_fill` does."""
         starts = None if jepa_starts is None else jepa_starts.clone()
         self.static = {"x": x.clone(), "y": y.clone(), "jepa_starts": starts}
         for j, m in self.model.memories():
@@ -148,7 +149,7 @@ class GraphedStep:
         params = list(self.model.parameters())
         self._set_rows(True)
         try:
-            self._fill(x, y, jepa_starts)
+            looked_up = self._fill(x, y, jepa_starts)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -166,6 +167,7 @@ class GraphedStep:
         finally:
             self._set_rows(False)
         self.grads = {p: p.grad for p in params if p.grad is not None}
+        return looked_up
 
     def _forward_backward(self) -> Output:
         s = self.static
