@@ -140,7 +140,7 @@ class TrainConfig:
     cuda_graph: bool = _f(
         False,
         "capture the step's forward and backward as one CUDA graph and replay it (CUDA, one process, fixed "
-        "depth, no dropout, MoR or experts; dormouse/train/graphed.py)",
+        "depth, no MoR or experts; dormouse/train/graphed.py)",
     )
     engram_shard: bool = _f(
         False,
@@ -350,7 +350,6 @@ def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
         "rand_depth": (t.rand_depth, "the loop depth changes per step"),
         "mor": (m.mor, "MoR's routed positions change the shapes per step"),
         "n_experts": (m.n_experts > 1, "expert routing sizes its batches per step"),
-        "dropout": (m.dropout > 0, "dropout draws masks from a per-step generator"),
         "engram_shard": (t.engram_shard, "sharded lookups exchange data-dependent sizes"),
     }
     for name, (on, why) in changing.items():

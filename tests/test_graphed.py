@@ -103,7 +103,6 @@ def test_counts_of_the_captured_step_are_added_at_each_replay():
         ({}, {"rand_depth": True}, "rand_depth"),
         ({"mor": True}, {}, "mor"),
         ({"n_experts": 4}, {}, "n_experts"),
-        ({"dropout": 0.1}, {}, "dropout"),
     ],
 )
 def test_paths_a_graph_cannot_hold_are_refused(model, train, name):

@@ -17,11 +17,17 @@ from dormouse.errors import DormouseError
 RANK_STRIDE = 2**40  # rank r of a data-parallel run draws from step + r · 2^40: no real step gets there
 
 
-def step_generator(seed: int, step: int, rank: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
-    """The masks' generator of training step `step` on data-parallel rank `rank`. One process (and rank 0)
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The masks' seed of training step `step` on data-parallel rank `rank`. One process (and rank 0)
     draws the (seed, step) stream; rank r > 0 the stream of step + r · RANK_STRIDE, so the ranks, which
     train different rows, draw different masks, each a pure function of (seed, step, rank)."""
-    return rng.generator(seed, step + rank * RANK_STRIDE, "dropout", device)
+    return rng.seed_of(seed, step + rank * RANK_STRIDE, "dropout")
+
+
+def step_generator(seed: int, step: int, rank: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
+    """A fresh generator seeded with `step_seed(seed, step, rank)`. A captured step (train/graphed.py)
+    reseeds one registered generator with the same seed instead: the same masks, bit for bit."""
+    return torch.Generator(device=device).manual_seed(step_seed(seed, step, rank))
 
 
 def dropout(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:

@@ -8,6 +8,10 @@ What is captured: the replica's forward and backward at the run's fixed (batch, 
 under the run's autocast, writing every dense parameter's gradient into the graph's own memory.
 What stays eager, around each replay:
 - copying the batch (and JEPA's span starts) into the graph's static inputs;
+- dropout's seed: the captured masks come from one CUDA generator registered with the graph
+  (`CUDAGraph.register_generator_state`), reseeded before each replay with the step's dropout seed
+  (model/dropout.py's `step_seed`); a replay reads the seed and an offset of 0, as a fresh generator
+  seeded so would, so the masks are the eager step's bit for bit;
 - each engram table's row lookup: the captured forward reads the looked-up rows from a static leaf
   tensor instead of the table (`Engram.captured_rows`), and after the replay the table's sparse gradient
   is built from that leaf's gradient exactly as `nn.Embedding(sparse=True)`'s backward builds it (row
@@ -94,16 +98,18 @@ def set_table_grads_(model: DormouseLM, rows: dict[int, torch.Tensor], looked_up
 class GraphedStep:
     """Forward + backward of one training step, captured at the first call and replayed after it.
 
-    `forward(x, y, jepa_starts)` runs the replica and returns its Output (called at warm-up and capture
-    only). A call returns the captured Output, whose loss, ce and aux tensors the replay has refilled,
-    with every parameter's `.grad` set: dense ones to the graph's gradient buffers, each engram table's
-    to its sparse gradient of this batch.
+    `forward(x, y, jepa_starts, dropout_gen)` runs the replica and returns its Output (called at warm-up
+    and capture only); `dropout_gen` is the registered generator, or None with `dropout` off. A call
+    (with the step's dropout seed when dropout is on) returns the captured Output, whose loss, ce and aux
+    tensors the replay has refilled, with every parameter's `.grad` set: dense ones to the graph's
+    gradient buffers, each engram table's to its sparse gradient of this batch.
     """
 
-    def __init__(self, model: DormouseLM, forward, device: torch.device):
+    def __init__(self, model: DormouseLM, forward, device: torch.device, dropout: bool = False):
         if device.type != "cuda":
             raise ValueError(f"a CUDA graph needs a CUDA device, got {device}")
         self.model, self.forward, self.device = model, forward, device
+        self.dropout_gen = torch.Generator(device=device) if dropout else None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: dict[str, torch.Tensor | None] = {}
         self.rows: dict[int, torch.Tensor] = {}  # insertion layer -> [B, T, arms, dim] leaf the graph reads
@@ -112,9 +118,15 @@ class GraphedStep:
         self.counts: CountDelta | None = None
         self.replays = 0
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, jepa_starts: torch.Tensor | None) -> Output:
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, jepa_starts: torch.Tensor | None, dropout_seed: int | None = None
+    ) -> Output:
+        if (dropout_seed is None) != (self.dropout_gen is None):
+            raise ValueError(f"dropout is {'on' if self.dropout_gen else 'off'} in this graph; got seed {dropout_seed}")
         # The capture leaves this batch in the static inputs and its rows looked up: replayed as they are.
         looked_up = self._capture(x, y, jepa_starts) if self.graph is None else self._fill(x, y, jepa_starts)
+        if self.dropout_gen is not None:  # the replay reads this seed, at offset 0
+            self.dropout_gen.manual_seed(dropout_seed)
         self.graph.replay()
         self.replays += 1
         self.counts.replay()
@@ -160,6 +172,8 @@ class GraphedStep:
             self._clear_grads(params)
             before.restore()
             self.graph = torch.cuda.CUDAGraph()
+            if self.dropout_gen is not None:
+                self.graph.register_generator_state(self.dropout_gen)
             with torch.cuda.graph(self.graph):
                 self.out = self._forward_backward()
             self.counts = before.since()
@@ -171,7 +185,7 @@ class GraphedStep:
 
     def _forward_backward(self) -> Output:
         s = self.static
-        out = self.forward(s["x"], s["y"], s["jepa_starts"])
+        out = self.forward(s["x"], s["y"], s["jepa_starts"], self.dropout_gen)
         out.loss.backward()
         return out
 

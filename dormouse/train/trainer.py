@@ -27,7 +27,7 @@ from dormouse.distributed import World
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
-from dormouse.model.dropout import step_generator
+from dormouse.model.dropout import step_generator, step_seed
 from dormouse.model.engram_shard import (
     gather_shards,
     local_table_state,
@@ -79,7 +79,11 @@ class Trainer:
         self.opt = build_optimizers(self.groups, t)
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
         # --cuda-graph: forward + backward captured at the first step and replayed (train/graphed.py).
-        self.graphed = GraphedStep(self.model, self._captured_forward, self.device) if t.cuda_graph else None
+        self.graphed = (
+            GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
+            if t.cuda_graph
+            else None
+        )
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
@@ -178,10 +182,10 @@ class Trainer:
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
 
-    def _captured_forward(self, x, y, jepa_starts):
+    def _captured_forward(self, x, y, jepa_starts, dropout_gen):
         """The forward a CUDA graph captures: the run's own, at the config's depth."""
         with self.autocast():
-            return self.replica(x, y, jepa_starts=jepa_starts)
+            return self.replica(x, y, jepa_starts=jepa_starts, dropout_gen=dropout_gen)
 
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
@@ -191,14 +195,20 @@ class Trainer:
         self.opt.set_lr(lr_multiplier(step, t))
         depth = self.step_depth(step)
         self.depths.append(depth)
-        starts, gen = self.jepa_starts(step), self.dropout_gen(step)
+        starts = self.jepa_starts(step)
         if self.graphed is not None:  # forward and backward replayed; the gradients are set
-            out = self.graphed(x, y, starts)
+            seed = step_seed(t.seed, step) if self.cfg.model.dropout else None
+            out = self.graphed(x, y, starts, seed)
             terms = {"loss": out.loss, "ce": out.ce, **out.aux}
         else:
             with self.autocast():
                 out = self.replica(
-                    x, y, depth=depth, grad_iterations=t.rand_depth_bptt, jepa_starts=starts, dropout_gen=gen
+                    x,
+                    y,
+                    depth=depth,
+                    grad_iterations=t.rand_depth_bptt,
+                    jepa_starts=starts,
+                    dropout_gen=self.dropout_gen(step),
                 )
             # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
             terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})

@@ -20,14 +20,24 @@ def records(run, kind):
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
+AUX = {"jepa_weight": 0.2, "dspark_weight": 0.2, "engram_layers": "0,1"}
+
+
+# bf16 autocast, and fp32 weights on TF32 kernels; not IEEE fp32, whose Triton kernels take ~4 minutes
+# to compile and autotune on a cold machine (benches/logs/2026-12-02-h200-session4/gate-fp32.log). Dropout:
+# the captured masks come from a registered generator reseeded per step, the eager ones from a fresh one.
 @pytest.mark.parametrize(
-    "model",
-    [{}, {"jepa_weight": 0.2, "dspark_weight": 0.2, "engram_layers": "0,1"}, {"mixer": "attention"}],
-    ids=["default", "aux-terms-two-memories", "attention"],
+    "model,dtype",
+    [
+        ({}, "bf16"),
+        ({"dropout": 0.2}, "bf16"),
+        (AUX, "bf16"),
+        ({"mixer": "attention"}, "bf16"),
+        ({}, "tf32"),
+        ({"dropout": 0.2, **AUX}, "tf32"),
+    ],
+    ids=["default-bf16", "dropout-bf16", "aux-terms-two-memories-bf16", "attention-bf16", "default-tf32", "all-tf32"],
 )
-# bf16 autocast and fp32 weights on TF32 kernels; not IEEE fp32, whose Triton kernels take ~4 minutes
-# to compile and autotune on a cold machine (benches/logs/2026-12-02-h200-session4/gate-fp32.log).
-@pytest.mark.parametrize("dtype", ["bf16", "tf32"])
 def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dtype):
     corpus = load_corpus(random_corpus(20000, repeats=2))
     shape = {"d_model": 128, "n_heads": 2, "block_layers": 2, "ffn_hidden": 256, "engram_rows": 4096}
