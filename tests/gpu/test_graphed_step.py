@@ -40,8 +40,10 @@ AUX = {"jepa_weight": 0.2, "dspark_weight": 0.2, "engram_layers": "0,1"}
 )
 def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dtype):
     corpus = load_corpus(random_corpus(20000, repeats=2))
-    shape = {"d_model": 128, "n_heads": 2, "block_layers": 2, "ffn_hidden": 256, "engram_rows": 4096}
-    train = {"seq_len": 128, "batch_size": 4, "steps": 8, "warmup_steps": 2, "eval_every": 4, "dtype": dtype}
+    # `small`'s widths at T 256, B 64 (the quality runs' shape): fla's kernels are the ones those runs
+    # compiled and pinned, so the test does not autotune for minutes on a cold machine.
+    shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
+    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "warmup_steps": 2, "eval_every": 4, "dtype": dtype}
     runs = {}
     for graph in (False, True):
         cfg = config.build("nano", {"model": {**shape, **model}, "train": {**train, "cuda_graph": graph}})
