@@ -28,7 +28,15 @@ def test_apply_sets_both_libraries(dtype, torch_precision, triton):
     note = precision.apply(dtype)
     assert torch.get_float32_matmul_precision() == torch_precision
     assert os.environ.get("TRITON_F32_DEFAULT") == (None if triton == "tf32" else triton)  # tf32: Triton's default
-    assert note == f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton}"
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == precision.CUBLAS_WORKSPACE  # the same GEMM bits on any stream
+    want = f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton}; cuBLAS workspace :4096:8"
+    assert note == want
+
+
+def test_a_users_cublas_workspace_is_kept_and_shown(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert precision.apply("fp32").endswith("; cuBLAS workspace :16:8")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
 def test_unknown_dtype_and_cpu_only_fp32():

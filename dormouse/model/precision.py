@@ -21,6 +21,9 @@ DTYPES = ("fp32", "tf32", "bf16")
 _FLOAT32 = {"fp32": ("highest", "ieee"), "tf32": ("high", None), "bf16": ("high", None)}
 
 
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's documented setting for the same bits on every stream
+
+
 def apply(dtype: str) -> str:
     """Set torch's and Triton's float32 precision for `dtype`; returns a line for the run header."""
     if dtype not in DTYPES:
@@ -35,7 +38,14 @@ def apply(dtype: str) -> str:
         knobs = getattr(sys.modules["triton"], "knobs", None)
         if knobs is not None:
             knobs.language.fp32_default = triton_precision
-    return f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}"
+    # cuBLAS is bitwise reproducible on one stream only, unless its workspace is fixed (cuBLAS docs,
+    # "Results reproducibility"); a CUDA graph is captured on a side stream (train/graphed.py). Read when
+    # the first cuBLAS handle is made, so set here, before any matmul; a user's own value is kept and shown.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    return (
+        f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}; "
+        f"cuBLAS workspace {os.environ['CUBLAS_WORKSPACE_CONFIG']}"
+    )
 
 
 def autocast(dtype: str, device_type: str):
