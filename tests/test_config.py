@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from dormouse import config
@@ -117,3 +119,27 @@ def test_round_trip_through_dict():
     cfg = parse("--preset", "small", "--depth", "3")
     again = config.resolve(config.Config.from_dict(cfg.to_dict()), cuda_available=False)
     assert again == cfg
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+NANOGPT_BYTES = 5000 * 64 * 256  # nanoGPT's tiny-shakespeare run: 5000 steps of 64 x 256 characters
+
+
+def committed(path: Path) -> config.Config:
+    """A committed config, validated (resolving it for CUDA would need fla, which CI does not have)."""
+    cfg = config.Config.from_dict(config.load_toml(path))
+    config.validate(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_committed_configs_are_valid(path):
+    assert committed(path).train.device in ("auto", "cuda")
+
+
+def test_tinyshakespeare_recipe_stays_within_nanogpts_bytes_with_evals_at_quarter_and_half():
+    cfg = committed(CONFIGS / "tinyshakespeare.toml")
+    t = cfg.train
+    assert t.steps * t.batch_size * t.seq_len <= NANOGPT_BYTES
+    assert [t.steps // 4, t.steps // 2] == [t.eval_every, 2 * t.eval_every] and t.steps % t.eval_every == 0
+    assert (cfg.model.engram, cfg.model.dropout, t.cuda_graph) == (False, 0.2, True)
