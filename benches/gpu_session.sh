@@ -16,6 +16,7 @@ if [[ -f .device-commit ]]; then export DORMOUSE_COMMIT="$(cat .device-commit)";
 # merge them into the committed pin with benches/merge_fla_pin.py <dir>.
 export DORMOUSE_FLA_DUMP="${DORMOUSE_FLA_DUMP:-$OUT/fla-pin}"
 mkdir -p "$TRITON_CACHE_DIR"
+started=$(mktemp)  # kernels compiled after this are this call's (TRITON_CACHE_BACK below)
 if compgen -G ".triton-cache/tc.tgz.part_*" >/dev/null; then cat .triton-cache/tc.tgz.part_* | tar xz -C "$TRITON_CACHE_DIR"; fi
 # Commands share one deadline (GPU_SESSION_SECONDS, default 540) so that the packing below always runs
 # inside the device call's limit: each gets at most what is left, less 45 s for packing.
@@ -29,8 +30,19 @@ for cmd in "$@"; do
 done
 echo "== [$SECONDS s] packing"
 # The device tool returns at most 8 files: everything goes back as one results.tgz (the bench rows and
-# logs, fla's kernel choices, whatever the commands wrote under $OUT). The Triton cache does not come
-# back (over the size limit once it holds several dtypes): the committed pin replaces its tuning.
+# logs, fla's kernel choices, whatever the commands wrote under $OUT).
 cp benches/history.tsv "$OUT/history.tsv" && cp -r benches/logs "$OUT/bench-logs"
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"
+# With TRITON_CACHE_BACK=1 the compiled kernels come back too, as 15 MiB parts (tc.tgz.part_*; at most
+# 45 MiB, what the device returns beside results.tgz): put them in .triton-cache/ and carry it, and the
+# next call skips the minutes of compiling. Over 45 MiB, only the kernels compiled in this call.
+if [[ -n "${TRITON_CACHE_BACK:-}" ]]; then
+  limit=$((45 * 1024 * 1024))
+  tar czf /tmp/tc.tgz -C "$TRITON_CACHE_DIR" .
+  if (($(stat -c %s /tmp/tc.tgz) > limit)); then
+    (cd "$TRITON_CACHE_DIR" && find . -mindepth 1 -maxdepth 1 -newer "$started" -print0 | tar czf /tmp/tc.tgz --null -T -)
+  fi
+  if (($(stat -c %s /tmp/tc.tgz) <= limit)); then split -b 15M /tmp/tc.tgz "$OUT/tc.tgz.part_"; else
+    echo "== the Triton cache is over 45 MiB even without the carried kernels: not returned"; fi
+fi
 exit $status
