@@ -17,7 +17,8 @@ What stays eager, around each replay:
   is built from that leaf's gradient exactly as `nn.Embedding(sparse=True)`'s backward builds it (row
   indices, one gradient row per lookup, uncoalesced); the tables' row-wise optimizer needs
   data-dependent sizes, which a graph cannot hold;
-- the gradient clip and every optimizer step (the learning rate changes every step).
+- the update: the clip's dense part and NesterovSinkhorn's step are a second graph of their own
+  (train/graphed_update.py); the engram tables' clip, AdamW and SparseRowAdam stay eager.
 Python side effects of the forward (the kernel-path counters, the fallback ledger's counts) run once,
 at capture; each replay adds what the captured step counted, so the eval line counts every step.
 

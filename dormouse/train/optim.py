@@ -29,6 +29,12 @@ applies to its shard only its own rows of X (a local slice). Cost per step: each
 (W − 1)/W · 4 bytes per matrix parameter (fp32 U), one all-gather per shape group, and computes the
 whole Sinkhorn (W times the work of one process, spread over W ranks). The step equals one process's
 given the same gradient. One process and DDP take the plain path, unchanged.
+
+The step is applied as X·η (one multiply of the stack), then W·(1 − ηλ) and W − X·η (`_foreach` ops),
+with η and 1 − ηλ each rounded once to the parameters' precision. `capturable=True` reads the two from
+device tensors that `load_lr_()` fills from the group's Python floats before each step, so that a step
+captured in a CUDA graph (train/graphed_update.py) takes each step's learning rate, in the same bits as
+the float path.
 """
 
 import math
@@ -75,6 +81,7 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         iters: int = 5,
         eps: float = 1e-12,
+        capturable: bool = False,
     ):
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
@@ -86,6 +93,29 @@ class NesterovSinkhorn(torch.optim.Optimizer):
             raise ValueError(f"iters must be >= 1, got {iters}")
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "iters": iters, "eps": eps}
         super().__init__(params, defaults)
+        self.capturable = capturable
+        self._lr_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # group index -> (η, 1 − ηλ)
+
+    def load_lr_(self) -> None:
+        """Capturable mode: copy each group's lr η and weight-decay factor 1 − ηλ (computed in Python, as
+        the float path computes it) into the device tensors a captured step reads. Outside any graph."""
+        if not self.capturable:
+            raise RuntimeError("load_lr_ is for a capturable NesterovSinkhorn (capturable=True)")
+        for i, group in enumerate(self.param_groups):
+            if i not in self._lr_tensors:
+                device = group["params"][0].device
+                self._lr_tensors[i] = (torch.zeros((), device=device), torch.zeros((), device=device))
+            lr, decay = self._lr_tensors[i]
+            lr.fill_(group["lr"])
+            decay.fill_(1 - group["lr"] * group["weight_decay"])
+
+    def _lr_and_decay(self, group: dict) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+        if not self.capturable:
+            return group["lr"], 1 - group["lr"] * group["weight_decay"]
+        i = next(i for i, g in enumerate(self.param_groups) if g is group)
+        if i not in self._lr_tensors:
+            raise RuntimeError("a capturable NesterovSinkhorn steps after load_lr_(), which fills its lr tensors")
+        return self._lr_tensors[i]
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -125,7 +155,8 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         """The module docstring's update for matrices of one shape, dtype and device, in one batch."""
         if isinstance(params[0], DTensor):
             return self._update_sharded(params, group)
-        lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
+        beta, wd = group["momentum"], group["weight_decay"]
+        lr, decay = self._lr_and_decay(group)
         work = torch.promote_types(params[0].dtype, torch.float32)
         grads = [p.grad.to(work) for p in params]
         bufs = []
@@ -137,16 +168,17 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         torch._foreach_mul_(bufs, beta)
         torch._foreach_add_(bufs, grads, alpha=1 - beta)
         u = torch.stack(grads).mul_(1 - beta).add_(torch.stack(bufs), alpha=beta)
-        x = sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype)
+        x = sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype).mul_(lr)
         if wd != 0:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        torch._foreach_add_(params, list(x.unbind(0)), alpha=-lr)
+            torch._foreach_mul_(params, decay)
+        torch._foreach_sub_(params, list(x.unbind(0)))
 
     def _update_sharded(self, params: list[DTensor], group: dict) -> None:
         """`_update` for matrices sharded on their rows (FSDP2): the momentum buffers are sharded like the
         parameters and updated locally; the look-aheads are gathered whole (one all-gather of the stack),
         normalised by the same batched SR-Sinkhorn on every rank, and each rank applies its own rows."""
-        lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
+        beta, wd = group["momentum"], group["weight_decay"]
+        lr, decay = self._lr_and_decay(group)
         work = torch.promote_types(params[0].dtype, torch.float32)
         grads = [p.grad.to_local().to(work) for p in params]
         bufs = []
@@ -164,5 +196,5 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         mine = distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None).to_local()  # a slice: no communication
         local = [p.to_local() for p in params]
         if wd != 0:
-            torch._foreach_mul_(local, 1 - lr * wd)
-        torch._foreach_add_(local, list(mine.unbind(0)), alpha=-lr)
+            torch._foreach_mul_(local, decay)
+        torch._foreach_sub_(local, list(mine.mul_(lr).unbind(0)))

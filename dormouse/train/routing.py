@@ -253,10 +253,12 @@ def build_optimizers(
     sinkhorn_lr_scale: float = SINKHORN_LR_SCALE,
     momentum: float = 0.95,
     sinkhorn_iters: int = 5,
+    capturable: bool = False,
 ) -> Optimizers:
     """One AdamW (betas (0.9, 0.95), eps 1e-8) for the adamw groups, one NesterovSinkhorn for the matrices.
 
     `cfg` has `lr` and `weight_decay`. Base lrs: `lr` for AdamW, `lr · sinkhorn_lr_scale` for matrices.
+    `capturable`: NesterovSinkhorn reads its lr from device tensors, for a CUDA graph (train/graphed_update.py).
     """
     base_lr, adamw_groups, optimizers = {}, [], {}
     for g in groups:
@@ -273,6 +275,7 @@ def build_optimizers(
                 momentum=momentum,
                 weight_decay=wd,
                 iters=sinkhorn_iters,
+                capturable=capturable,
             )
         elif g.optimizer == "SparseRowAdam":
             base_lr[g.name] = cfg.lr

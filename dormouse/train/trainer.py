@@ -39,6 +39,7 @@ from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
 from dormouse.train.graphed import GraphedStep
+from dormouse.train.graphed_update import GraphedUpdate
 from dormouse.train.parallel import (
     average_sparse_grads_,
     data_parallel,
@@ -76,14 +77,14 @@ class Trainer:
         # What a training step calls; under FSDP the model itself, sharded before the optimizers see it.
         self.replica = data_parallel(self.model, self.world, t.parallel)
         self.groups = route(self.model, t.opt)
-        self.opt = build_optimizers(self.groups, t)
+        self.opt = build_optimizers(self.groups, t, capturable=t.cuda_graph)
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
         # --cuda-graph: forward + backward captured at the first step and replayed (train/graphed.py).
-        self.graphed = (
-            GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
-            if t.cuda_graph
-            else None
-        )
+        # Then the clip and NesterovSinkhorn's step, captured at the second step (train/graphed_update.py).
+        self.graphed, self.graphed_update = None, None
+        if t.cuda_graph:
+            self.graphed = GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
+            self.graphed_update = GraphedUpdate(self.model, self.opt)
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
@@ -196,10 +197,12 @@ class Trainer:
         depth = self.step_depth(step)
         self.depths.append(depth)
         starts = self.jepa_starts(step)
-        if self.graphed is not None:  # forward and backward replayed; the gradients are set
+        max_norm = t.grad_clip or math.inf  # grad_clip 0 = the norm only
+        if self.graphed is not None:  # forward and backward replayed, the gradients set; the update replayed
             seed = step_seed(t.seed, step) if self.cfg.model.dropout else None
             out = self.graphed(x, y, starts, seed)
-            terms = {"loss": out.loss, "ce": out.ce, **out.aux}
+            values = self._checked_values(step, {"loss": out.loss, "ce": out.ce, **out.aux})
+            self.grad_norm = self.graphed_update(max_norm)
         else:
             with self.autocast():
                 out = self.replica(
@@ -213,20 +216,25 @@ class Trainer:
             # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
             terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
             out.loss.backward()
-        average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
-        # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
-        # The sparse-aware clip: the engram table's gradient is sparse. grad_clip 0 = norm only.
-        shards = [m.weight for _, m in sharded_tables(self.model)]  # --engram-shard: this rank's rows only
-        max_norm = t.grad_clip or math.inf
-        self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
-        # The step's one host sync, after the backward has been queued: every term's value at once.
+            average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
+            # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
+            # The sparse-aware clip: the engram table's gradient is sparse.
+            shards = [m.weight for _, m in sharded_tables(self.model)]  # --engram-shard: this rank's rows only
+            self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
+            values = self._checked_values(step, terms)
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return values["ce"]
+
+    @staticmethod
+    def _checked_values(step: int, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The step's one host sync, after the backward has been queued: every term's value at once; a
+        non-finite one stops the run before the update."""
         values = dict(zip(terms, torch.stack([v.detach().float() for v in terms.values()]).tolist(), strict=True))
         for name, value in values.items():
             if not math.isfinite(value):
                 raise NonFiniteError(f"step {step}: training {name} is {value}; stopping before the update")
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return values["ce"]
+        return values
 
     def run_loop(self, until_step: int | None = None) -> dict | None:
         """Train to `cfg.train.steps` (or `until_step`, or `--minutes`); returns the last eval record."""

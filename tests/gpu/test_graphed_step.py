@@ -1,6 +1,7 @@
-"""--cuda-graph on CUDA: a run whose forward and backward are replayed from a captured graph trains
-exactly as the eager run (losses, evals and final weights bitwise; kernel counters equal); skipped
-without CUDA or fla. The parts that need no GPU: tests/test_graphed.py."""
+"""--cuda-graph on CUDA: a run whose forward and backward are replayed from a captured graph, and its
+clip and NesterovSinkhorn step from a second one, trains exactly as the eager run (losses, evals and
+final weights bitwise; kernel counters equal); skipped without CUDA or fla. The parts that need no GPU:
+tests/test_graphed.py and tests/test_graphed_update.py."""
 
 import json
 
@@ -53,9 +54,10 @@ def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dt
         trainer = Trainer(config.resolve(cfg), corpus, run, corpus_note="test corpus")
         trainer.run_loop()
         weights = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
-        runs.append((records(run, "train"), records(run, "eval"), weights, trainer.graphed))
+        runs.append((records(run, "train"), records(run, "eval"), weights, trainer))
     first, (graph_train, graph_evals, graph_w, graphed), (eager_train, eager_evals, eager_w, _) = runs
-    assert graphed.replays == 8
+    assert graphed.graphed.replays == 8
+    assert graphed.graphed_update.calls == 8 and graphed.graphed_update.graph is not None
     assert [r["ce"] for r in graph_train] == [r["ce"] for r in eager_train]
     for g, e in zip(graph_evals, eager_evals, strict=True):
         assert (g["bpb"], g["kda"], g["norm"], g["engram"]) == (e["bpb"], e["kda"], e["norm"], e["engram"])

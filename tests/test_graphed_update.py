@@ -1,0 +1,78 @@
+"""The update of a --cuda-graph step (dormouse/train/graphed_update.py), its arithmetic on the CPU: the
+clip's dense part and NesterovSinkhorn's step, as the graph runs them (lr from device tensors, the
+tables' norms taken apart), give the eager path's weights and gradient norms bit for bit, step after
+step with a changing lr and an active clip. The capture itself: tests/gpu/test_graphed_step.py."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dormouse import config, rng
+from dormouse.model.model import DormouseLM
+from dormouse.train.graphed_update import GraphedUpdate
+from dormouse.train.optim import NesterovSinkhorn
+from dormouse.train.routing import build_optimizers, route
+from dormouse.train.sparse import clip_grad_norm_
+
+HYPER = SimpleNamespace(lr=0.01, weight_decay=0.1)
+
+
+def model(**fields):
+    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257, **fields}
+    cfg = config.resolve(config.build("nano", {"model": values}), cuda_available=False)
+    return DormouseLM(cfg.model, seed=5)
+
+
+def backward(m, step):
+    x = torch.randint(0, 256, (3, 41), generator=rng.generator(0, step, "test"))
+    m(x[:, :-1], x[:, 1:]).loss.backward()
+
+
+@pytest.mark.parametrize("engram", [True, False])
+@pytest.mark.parametrize("max_norm", [0.05, float("inf")], ids=["clipping", "norm-only"])
+def test_graphed_update_equals_clip_and_step_bitwise(engram, max_norm):
+    eager, graphed = model(engram=engram), model(engram=engram)
+    eager_opt = build_optimizers(route(eager), HYPER)
+    graphed_opt = build_optimizers(route(graphed), HYPER, capturable=True)
+    update = GraphedUpdate(graphed, graphed_opt, capture=False)
+    for step, multiplier in enumerate((0.25, 1.0, 0.6, 0.1)):
+        for m, opt in ((eager, eager_opt), (graphed, graphed_opt)):
+            opt.set_lr(multiplier)
+            backward(m, step)
+        want = clip_grad_norm_(eager.parameters(), max_norm)
+        eager_opt.step()
+        got = update(max_norm)
+        assert torch.equal(got, want), step
+        if max_norm < float("inf"):
+            assert want > max_norm  # the clip acted
+        for (name, a), b in zip(eager.named_parameters(), graphed.parameters(), strict=True):
+            assert torch.equal(a, b), (step, name)
+        eager_opt.zero_grad(set_to_none=True)
+        graphed_opt.zero_grad(set_to_none=True)
+    assert update.calls == 4 and update.graph is None
+    assert (update.sparse_norms is not None) == engram
+
+
+def test_capturable_sinkhorn_needs_its_lr_tensors_loaded_and_a_graphed_update_needs_it():
+    w = torch.nn.Parameter(torch.ones(3, 2))
+    w.grad = torch.full((3, 2), 0.5)
+    with pytest.raises(RuntimeError, match="load_lr_"):
+        NesterovSinkhorn([w], lr=0.1, capturable=True).step()
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        NesterovSinkhorn([w], lr=0.1).load_lr_()
+    m = model()
+    with pytest.raises(ValueError, match="capturable NesterovSinkhorn"):
+        GraphedUpdate(m, build_optimizers(route(m), HYPER))
+
+
+def test_capturable_sinkhorn_takes_each_steps_lr():
+    """The lr tensors are refilled by load_lr_: a second step at another lr moves by that lr."""
+    w = torch.nn.Parameter(torch.zeros(2, 2))
+    opt = NesterovSinkhorn([w], lr=0.5, momentum=0.0, capturable=True)
+    for lr, want in ((0.5, -0.5), (0.25, -0.75)):
+        w.grad = torch.ones(2, 2)  # its SR-Sinkhorn is all ones, to rounding (rows and columns of norm √2)
+        opt.param_groups[0]["lr"] = lr
+        opt.load_lr_()
+        opt.step()
+        torch.testing.assert_close(w.detach(), torch.full((2, 2), want), rtol=0, atol=1e-6)
