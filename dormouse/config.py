@@ -139,8 +139,8 @@ class TrainConfig:
     )
     cuda_graph: bool = _f(
         False,
-        "capture the step's forward and backward as one CUDA graph and replay it (CUDA, one process, fixed "
-        "depth, no MoR or experts; dormouse/train/graphed.py)",
+        "capture the step's forward and backward, then its clip and matrix update, as CUDA graphs and replay "
+        "them (CUDA, one process, fixed depth, no MoR or experts; dormouse/train/graphed.py)",
     )
     engram_shard: bool = _f(
         False,

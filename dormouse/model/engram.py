@@ -164,9 +164,15 @@ def _keys_from_context(ctx: torch.Tensor, orders, heads: int, rows: int, seed: i
     return torch.remainder(torch.remainder(mix, primes), rows)
 
 
-def _check_bytes(x: torch.Tensor, name: str) -> None:
+def check_byte_dtype(x: torch.Tensor, name: str) -> None:
+    """Bytes are int64 everywhere (the model's inputs and targets too); anything else is refused."""
     if x.dtype != torch.int64:
         raise TypeError(f"{name} must be int64 byte values, got {x.dtype}")
+
+
+def _check_bytes(x: torch.Tensor, name: str) -> None:
+    """int64 and in [0, 256): the hash needs real bytes."""
+    check_byte_dtype(x, name)
     # One host sync, which a CUDA graph capture cannot hold: a captured step's bytes are checked when
     # its rows are looked up, eagerly, before each replay (train/graphed.py).
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()

@@ -30,7 +30,7 @@ from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
 from dormouse.model.dropout import dropout_of, keep_all
 from dormouse.model.dspark import DraftHead, dspark_term
-from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow
+from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow, check_byte_dtype
 from dormouse.model.ffn import make_ffn
 from dormouse.model.init import normal_init_
 from dormouse.model.jepa import Predictor, jepa_term
@@ -298,7 +298,7 @@ class DormouseLM(nn.Module):
         Dropout (`dropout` > 0, training mode only) draws its masks from `dropout_gen`
         (model/dropout.py's `step_generator`), which such a forward must be given; eval mode never drops.
         """
-        _check_bytes(input_ids, "input_ids")
+        check_byte_dtype(input_ids, "input_ids")
         plan = LoopPlan(self._depth(depth, cache is not None or return_cache), grad_iterations, not self.training)
         drop = dropout_of(self.cfg.dropout, self.training, dropout_gen)
         e = self.embed(input_ids)
@@ -326,7 +326,7 @@ class DormouseLM(nn.Module):
             engram = None if window is None else EngramCache(window, trunk.tails)
             out.cache = ModelCache(trunk.caches, seen + input_ids.shape[1], engram, trunk.iterations, hidden[:, -1])
         if targets is not None:
-            _check_bytes(targets, "targets")
+            check_byte_dtype(targets, "targets")
             out.ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
             out.loss = out.ce + self.aux_weights_sum(out.aux)
         return out
@@ -383,7 +383,7 @@ class DormouseLM(nn.Module):
         row; 1.0 never exits. The iterations not run still advance their mixer states
         (`_advance_skipped`); the returned cache's `iterations` says how many ran.
         """
-        _check_bytes(byte, "byte")
+        check_byte_dtype(byte, "byte")
         max_iter = self.cfg.depth if max_iter is None else max_iter
         check_exit(self.cfg.depth, max_iter, exit_threshold)
         exit_after = partial(self._confident, exit_threshold) if exit_threshold < 1 else None
@@ -443,8 +443,3 @@ class DormouseLM(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def _check_bytes(x: torch.Tensor, name: str) -> None:
-    if x.dtype != torch.int64:
-        raise TypeError(f"{name} must be int64 byte values, got {x.dtype}")
