@@ -25,11 +25,13 @@ from torch import nn
 
 from dormouse.train.optim import NesterovSinkhorn
 from dormouse.train.routing import Optimizers
+from dormouse.train.sparse import clip_sparse_grads_, split_grads_
 
 
 class GraphedUpdate:
     """Clip and optimizer step of one training step; `__call__(max_norm)` returns the total gradient norm
-    before clipping (a device tensor, refilled by the next call)."""
+    before clipping (a device tensor, refilled by the next call). `capture=False` runs every update
+    eagerly, as the first one runs (the CPU, where the arithmetic is tested)."""
 
     def __init__(self, model: nn.Module, opt: Optimizers, *, capture: bool = True):
         self.model, self.capture = model, capture
@@ -44,11 +46,7 @@ class GraphedUpdate:
         self.calls = 0
 
     def __call__(self, max_norm: float) -> torch.Tensor:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        dense = [p for p in params if not p.grad.is_sparse]
-        sparse = [p for p in params if p.grad.is_sparse]
-        for p in sparse:
-            p.grad = p.grad.coalesce()
+        dense, sparse = split_grads_(self.model.parameters())
         if sparse:
             norms = torch.stack(torch._foreach_norm([p.grad.values() for p in sparse], 2.0))
             if self.sparse_norms is None:
@@ -65,10 +63,7 @@ class GraphedUpdate:
                     self.total = self._clip_and_step(dense, max_norm)
             self.graph.replay()
         self.calls += 1
-        if sparse:
-            coef = torch.clamp(max_norm / (self.total + 1e-6), max=1.0)
-            for p in sparse:
-                p.grad.values().mul_(coef.to(p.grad.device, p.grad.dtype))
+        clip_sparse_grads_(sparse, max_norm, self.total)
         for opt in self.eager:
             opt.step()
         return self.total

@@ -196,12 +196,7 @@ def clip_grad_norm_(parameters, max_norm: float, *, split=(), world=None) -> tor
     rank's rows (`--engram-shard`'s tables): their squared norms are summed over the ranks of `world`
     (one all-reduce, on every rank, with or without a gradient here).
     """
-    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-    params = [p for p in params if p.grad is not None]
-    dense = [p for p in params if not p.grad.is_sparse]
-    sparse = [p for p in params if p.grad.is_sparse]
-    for p in sparse:
-        p.grad = p.grad.coalesce()
+    dense, sparse = split_grads_(parameters)
     split_ids = {id(p) for p in split}
     whole = [p for p in sparse if id(p) not in split_ids]
     sharded = [p.grad for p in dense if isinstance(p.grad, DTensor)]
@@ -221,8 +216,23 @@ def clip_grad_norm_(parameters, max_norm: float, *, split=(), world=None) -> tor
         total = torch.sqrt(total.float() ** 2 + world.sum(sq))
     if dense:
         nn.utils.clip_grads_with_norm_(dense, max_norm, total)
-    if sparse:
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in sparse:
-            p.grad.values().mul_(coef.to(p.grad.device, p.grad.dtype))
+    clip_sparse_grads_(sparse, max_norm, total)
     return total
+
+
+def split_grads_(parameters) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The parameters with a gradient, as (dense, sparse); each sparse gradient is replaced by its
+    coalesced form (duplicate rows summed), whose values are what its norm and clip see."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    params = [p for p in params if p.grad is not None]
+    sparse = [p for p in params if p.grad.is_sparse]
+    for p in sparse:
+        p.grad = p.grad.coalesce()
+    return [p for p in params if not p.grad.is_sparse], sparse
+
+
+def clip_sparse_grads_(sparse: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
+    """Scale coalesced sparse gradients by the clip's coefficient, torch's min(max_norm / (total + 1e-6), 1)."""
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in sparse:
+        p.grad.values().mul_(coef.to(p.grad.device, p.grad.dtype))
