@@ -450,6 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
         "all`, on the full held-out walk): bpb_by_depth in ab.json, per-arm means per depth in the report and, "
         "with --record, in the note",
     )
+    p.add_argument(
+        "--reuse-a",
+        metavar="DIR",
+        default=None,
+        help="take arm A's runs from the earlier comparison in DIR instead of training them (refused unless "
+        "it ran this arm A: same commit, corpus, device, steps and config, every seed); only B trains",
+    )
     add_config_flags(p)
     p.set_defaults(func=_cmd_ab)
 

@@ -19,7 +19,7 @@ TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-
 TINY += ["--engram-rows", "256", "--engram-dim", "8", "--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
 TINY += ["--warmup-steps", "1", "--eval-every", "2", "--eval-bytes", "64"]
 KEYS = {"commit", "device", "torch", "preset", "data", "fingerprint", "seeds", "steps", "step_rule", "pricing_run"}
-KEYS |= {"order", "cost", "arms", "runs", "per_seed", "overall"}
+KEYS |= {"order", "cost", "reused_a", "arms", "runs", "per_seed", "overall"}
 OVERALL = {"a_bpb_mean", "b_bpb_mean", "diff_mean", "diff_sd", "dof", "t", "ci95", "a_ms_per_step", "b_ms_per_step"}
 OVERALL |= {"verdict"}
 
@@ -141,6 +141,44 @@ def test_two_seeds_write_every_number_and_repeat_bitwise(corpus_dir, tmp_path):
     for arm in ("a", "b"):
         assert [r["bpb"] for r in second["runs"][arm]] == [r["bpb"] for r in first["runs"][arm]]
         assert [r["curve"] for r in second["runs"][arm]] == [r["curve"] for r in first["runs"][arm]]
+
+
+def test_reuse_a_takes_arm_as_runs_and_trains_only_b(corpus_dir, tmp_path, capsys):
+    base = ("--seeds", "2", "--steps", "4")
+    first = run_ab(corpus_dir, tmp_path, "one", "--a", "", "--b", "--lr 0.01", *base)
+    reuse = ("--reuse-a", str(tmp_path / "one"))
+    second = run_ab(corpus_dir, tmp_path, "two", "--a", "", "--b", "--no-short-conv", *base, *reuse)
+    assert second["runs"]["a"] == first["runs"]["a"] and second["order"] == ["b/0", "b/1"]
+    assert second["reused_a"].endswith("one/ab.json") and "arm A: the runs of" in capsys.readouterr().out
+    assert second["arms"]["b"]["config"]["model"]["short_conv"] is False
+    assert [r["diff"] for r in second["per_seed"]] == [
+        b["bpb"] - a["bpb"] for a, b in zip(first["runs"]["a"], second["runs"]["b"], strict=True)
+    ]
+    fresh = run_ab(corpus_dir, tmp_path, "fresh", "--a", "", "--b", "--no-short-conv", *base)
+    assert [r["bpb"] for r in fresh["runs"]["b"]] == [r["bpb"] for r in second["runs"]["b"]]
+    assert not (tmp_path / "two" / "a").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--a", "", "--seeds", "2", "--steps", "3"], "the step count differs (4 there, 3 here)"),
+        (["--a", "--lr 0.02", "--seeds", "2", "--steps", "4"], "its arm A is another config (train.lr differ)"),
+        (["--a", "", "--seeds", "3", "--steps", "4"], "no arm-A run of seed(s) [2] there"),
+        (["--a", "", "--seeds", "2", "--minutes", "1"], "--reuse-a needs --steps"),
+    ],
+)
+def test_reuse_a_refuses_runs_that_are_not_this_arm_a(argv, message, corpus_dir, tmp_path, capsys):
+    run_ab(corpus_dir, tmp_path, "one", "--a", "", "--b", "--lr 0.01", "--seeds", "2", "--steps", "4")
+    reuse = ["--reuse-a", str(tmp_path / "one"), "--data", str(corpus_dir), "--out", str(tmp_path / "two")]
+    assert main(["ab", *argv, "--b", "--no-short-conv", *reuse, *TINY]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "two").exists()
+
+
+def test_reuse_a_of_a_folder_without_a_comparison_is_refused(corpus_dir, tmp_path, capsys):
+    argv = ["ab", "--a", "", "--b", "--lr 0.01", "--steps", "4", "--reuse-a", str(tmp_path), *TINY]
+    assert main([*argv, "--data", str(corpus_dir), "--out", str(tmp_path / "out")]) == 2
+    assert f"--reuse-a {tmp_path}: cannot read {tmp_path}/ab.json" in capsys.readouterr().err
 
 
 def test_minutes_trains_both_arms_the_steps_the_slower_arm_fits(corpus_dir, tmp_path, capsys):

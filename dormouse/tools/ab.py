@@ -21,6 +21,10 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
 - `--eval-depths` also scores each run's final model at every loop depth 1..depth (heldout_score's
   `depth`, as `dormouse eval --depth all`); `--record` appends one row per arm to the history
   (bench's append_row), a row pricing can use.
+- `--reuse-a DIR` takes arm A's runs from an earlier comparison instead of training them again, when
+  they are this comparison's arm A: the same commit, corpus, device, steps and resolved config, a run
+  for every seed (an ablation table's rows share one baseline). Only arm B trains; its runs no longer
+  alternate with A's, so A's timing comes from that comparison's machine state.
 """
 
 import argparse
@@ -126,6 +130,54 @@ def arm_configs(args: argparse.Namespace) -> dict[str, Config]:
     if cfgs["a"].to_dict() == cfgs["b"].to_dict():
         raise ConfigError(f"--a {args.a!r} and --b {args.b!r} resolve to the same config: nothing to compare")
     return cfgs
+
+
+def _differences(theirs, ours, prefix: str = "") -> list[str]:
+    """The dotted keys where two nested dicts (configs as dicts) differ."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        keys = sorted(set(theirs) | set(ours))
+        return [d for k in keys for d in _differences(theirs.get(k), ours.get(k), f"{prefix}{k}.")]
+    return [] if theirs == ours else [prefix.rstrip(".")]
+
+
+def reused_a_runs(
+    prev_dir: Path,
+    cfg_a: Config,
+    seeds: list[int],
+    steps: int,
+    *,
+    corpus: Corpus,
+    commit: str,
+    device: str,
+    eval_depths: bool,
+) -> tuple[Path, list[dict]]:
+    """Arm A's runs (one per seed, in `seeds`' order) of the comparison in `prev_dir`, refused unless they
+    are this comparison's arm A: same commit, corpus, device, steps and arm-A config."""
+    path = prev_dir / "ab.json"
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--reuse-a {prev_dir}: cannot read {path}: {e}") from e
+    same = {
+        "the commit": (prev["commit"], commit),
+        "the corpus fingerprint": (prev["fingerprint"], corpus.fingerprint),
+        "the device": (prev["device"], device),
+        "the step count": (prev["steps"], steps),
+    }
+    for what, (theirs, ours) in same.items():
+        if theirs != ours:
+            raise ConfigError(f"--reuse-a {prev_dir}: {what} differs ({theirs} there, {ours} here)")
+    differ = _differences(prev["arms"]["a"]["config"], for_round(cfg_a, seeds[0], steps).to_dict())
+    if differ:
+        raise ConfigError(f"--reuse-a {prev_dir}: its arm A is another config ({', '.join(differ)} differ)")
+    by_seed = {r["seed"]: r for r in prev["runs"]["a"]}
+    missing = [s for s in seeds if s not in by_seed]
+    if missing:
+        raise ConfigError(f"--reuse-a {prev_dir}: no arm-A run of seed(s) {missing} there (it ran {prev['seeds']})")
+    runs = [by_seed[s] for s in seeds]
+    if eval_depths and any("bpb_by_depth" not in r for r in runs):
+        raise ConfigError(f"--reuse-a {prev_dir}: its runs were not scored by depth; --eval-depths needs them")
+    return path, runs
 
 
 def for_round(cfg: Config, seed: int, steps: int) -> Config:
@@ -397,7 +449,22 @@ def cli(args: argparse.Namespace) -> int:
     first_seed, minutes = cfgs["a"].train.seed, cfgs["a"].train.minutes
     seeds = [first_seed + i for i in range(args.seeds)]
     steps = None if minutes else cfgs["a"].train.steps
+    if args.reuse_a and minutes:
+        raise ConfigError("--reuse-a needs --steps: reused runs trained a fixed number of steps")
     corpus, note = open_corpus(args.data)
+    device = torch.device(cfgs["a"].train.device)
+    reused = None
+    if args.reuse_a:
+        reused = reused_a_runs(
+            Path(args.reuse_a),
+            cfgs["a"],
+            seeds,
+            steps,
+            corpus=corpus,
+            commit=commit,
+            device=device_name(device),
+            eval_depths=args.eval_depths,
+        )
     cost = price(history, cfgs, corpus, steps=steps, minutes=minutes, seeds=len(seeds))
     print(cost["text"])
 
@@ -417,9 +484,14 @@ def cli(args: argparse.Namespace) -> int:
     )
 
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    if reused is not None:
+        runs["a"] = reused[1]
+        print(f"arm A: the runs of {reused[0]} (reused: trained and timed in that comparison)")
     order = []
     for i, seed in enumerate(seeds):
         for arm in ARMS if i % 2 == 0 else ARMS[::-1]:  # A B, B A, ...: drift in machine speed hits both arms
+            if arm == "a" and reused is not None:
+                continue
             order.append(f"{arm}/{seed}")
             run_dir = out / arm / f"seed-{seed}"
             cfg = for_round(cfgs[arm], seed, steps)
@@ -428,7 +500,6 @@ def cli(args: argparse.Namespace) -> int:
     if args.eval_depths:
         overall["bpb_by_depth"] = {arm: depth_means(runs[arm]) for arm in ARMS}
 
-    device = torch.device(cfgs["a"].train.device)
     result = {
         "commit": commit,
         "device": device_name(device),
@@ -442,6 +513,7 @@ def cli(args: argparse.Namespace) -> int:
         "pricing_run": pricing,
         "order": order,
         "cost": cost,
+        "reused_a": None if reused is None else _shown_path(reused[0]),
         "arms": {
             arm: {"flags": getattr(args, arm), "config": for_round(cfgs[arm], first_seed, steps).to_dict()}
             for arm in ARMS
@@ -455,8 +527,10 @@ def cli(args: argparse.Namespace) -> int:
     for line in report_lines(per_seed, overall):
         print(line)
     print(f"ab: {out / 'ab.json'}, {out / 'ab.png'}")
-    if args.record:
-        for row in history_rows(result, cfgs, out, started):
-            append_row(history, row)
-        print(f"ab: appended 2 rows (arms A and B) to {history}")
+    if args.record:  # a reused arm A has its row already, from the comparison that trained it
+        recorded = [arm for arm in ARMS if not (arm == "a" and reused is not None)]
+        for arm, row in zip(ARMS, history_rows(result, cfgs, out, started), strict=True):
+            if arm in recorded:
+                append_row(history, row)
+        print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {history}")
     return 0
