@@ -142,6 +142,11 @@ class TrainConfig:
         "capture the step's forward and backward, then its clip and matrix update, as CUDA graphs and replay "
         "them (CUDA, one process, fixed depth, no MoR or experts; dormouse/train/graphed.py)",
     )
+    graph_update: bool = _f(
+        True,
+        "with --cuda-graph, the clip and NesterovSinkhorn's update are a second graph (train/graphed_update.py); "
+        "--no-graph-update runs the same arithmetic eagerly, to measure what the second graph gains",
+    )
     engram_shard: bool = _f(
         False,
         "engram table rows partitioned over the ranks (row i on rank i mod W), looked up by all-to-all "

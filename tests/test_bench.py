@@ -166,6 +166,13 @@ def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
     assert "dropout" not in arms_of() and arms_of({"dropout": 0.2}).endswith(",dropout=0.2")
 
 
+def test_arms_tell_a_graphed_step_from_one_with_an_eager_update():
+    def graphed(**train):  # built, not resolved: resolving a CUDA graph needs CUDA
+        return bench.arms(config.build("nano", {"train": {"cuda_graph": True, **train}}))
+
+    assert graphed().endswith(",cuda_graph") and graphed(graph_update=False).endswith(",cuda_graph(eager_update)")
+
+
 def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "CPU_PEAK_N", 256)
     history, logs = tmp_path / "history.tsv", tmp_path / "logs"

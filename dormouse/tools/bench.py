@@ -234,7 +234,7 @@ def arms(cfg: Config) -> str:
     if m.dropout:  # its masks cost a random draw and a multiply per place
         out.append(f"dropout={m.dropout:g}")
     if t.cuda_graph:  # not an arm, but a row of a replayed step must not price the eager one
-        out.append("cuda_graph")
+        out.append("cuda_graph" if t.graph_update else "cuda_graph(eager_update)")
     return ",".join(out)
 
 

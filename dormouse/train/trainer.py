@@ -84,7 +84,7 @@ class Trainer:
         self.graphed, self.graphed_update = None, None
         if t.cuda_graph:
             self.graphed = GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
-            self.graphed_update = GraphedUpdate(self.model, self.opt)
+            self.graphed_update = GraphedUpdate(self.model, self.opt, capture=t.graph_update)
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
