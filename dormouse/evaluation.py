@@ -184,6 +184,7 @@ def _fmt(value) -> str:
 def eval_line(record: dict) -> str:
     keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", "kda", "norm", "engram", "depth")
     keys += (*AUX_TERMS, "fallbacks")
+    keys += ("wall_s",) if "wall_s" in record else ()  # a training run's; `dormouse eval` has none
     fields = " ".join(f"{k}={_fmt(record[k])}" for k in keys)
     return f"eval {fields} {record['stress']}"
 

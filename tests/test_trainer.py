@@ -171,6 +171,17 @@ def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys)
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
 
 
+def test_evals_carry_the_wall_clock_and_the_first_step_is_logged_once(corpus, tmp_path):
+    trainer = fresh(tiny_config(steps=4, eval_every=2), corpus, tmp_path / "r")
+    trainer.run_loop(until_step=2)
+    trainer.run_loop()
+    walls = [r["wall_s"] for r in evals(tmp_path / "r")]
+    assert len(walls) == 2 and 0 < walls[0] <= walls[1]
+    log = (tmp_path / "r" / "train.log").read_text()
+    assert log.count("first step: ") == 1 and trainer.first_step_s > 0
+    assert f"wall_s={walls[-1]:.4f} " in log
+
+
 def test_minutes_stops_by_wall_time_with_an_eval_and_a_checkpoint(corpus, tmp_path):
     trainer = fresh(tiny_config(steps=100_000, minutes=0.02, eval_every=1000, ckpt_every=1000), corpus, tmp_path / "r")
     record = trainer.run_loop()

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import dormouse
 from dormouse import checkpoint, counters, ledger
 from dormouse.config import Config
 from dormouse.data.sampler import Sampler, rank_rows
@@ -89,6 +90,7 @@ class Trainer:
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
         self.depths: list[int] = []  # loop depths of the training steps since the last eval
+        self.first_step_s: float | None = None  # this process's first training step (compiling, capture)
         self.saved_step = None
         self.run_id = secrets.token_hex(6)
         if resume:
@@ -258,6 +260,10 @@ class Trainer:
                 ce = self.train_step(self.step)
                 self.step += 1
                 window_ms.append((time.perf_counter() - started) * 1000)
+                if self.first_step_s is None:  # this process's first step: the cold start
+                    self.first_step_s = window_ms[-1] / 1000
+                    since = time.monotonic() - dormouse.IMPORTED
+                    self.log(f"first step: {self.first_step_s:.1f} s, {since:.1f} s since dormouse was imported")
                 window_ce.append(ce)
                 spike = self.stress.update(ce)
                 if spike:
@@ -306,6 +312,7 @@ class Trainer:
             depth=depth_field(self.cfg, self.depths),
             stress=self.stress.summary(),
         )
+        record["wall_s"] = time.monotonic() - dormouse.IMPORTED  # start-up and compiling included
         self.depths = []
         counters.KDA.reset(), counters.NORM.reset()
         ledger.COUNTS.clear()
