@@ -1,0 +1,111 @@
+"""Bring one device call's results into the repo: history rows, logs, kernel choices, compiled kernels.
+
+    python benches/collect_session.py <extracted results.tgz> benches/logs/<date>-h200-session<N>
+
+What `benches/gpu_session.sh` packed (history.tsv, bench-logs/, fla-pin/, the commands' own files):
+- rows of its history.tsv that benches/history.tsv lacks are appended; a row whose log names an A/B's
+  device path (/tmp/<name>/ab.json) is pointed at the copy this script commits, <log dir>/<name>.json,
+  which must have come back (the session scripts copy /tmp/<name>/ab.json to $OUT/<name>.json);
+- bench logs the repo lacks are copied into benches/logs/;
+- the commands' *.json, *.jsonl and *.png go into the log dir as they are, their *.log without progress
+  bars (tqdm's carriage-return redraws, which are most of a training log's bytes);
+- fla's kernel choices are merged into the pin (merge_fla_pin.py);
+- tc.tgz.part_* (TRITON_CACHE_BACK) replace .triton-cache/'s parts, for the next call to carry.
+Prints what it did.
+"""
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from merge_fla_pin import PIN, merge  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE_AB = re.compile(r"^/tmp/([\w.-]+)/ab\.json$")
+
+
+def strip_progress(text: str) -> str:
+    """A log read in text mode (universal newlines make each of tqdm's carriage-return redraws a line of
+    its own) without its progress-bar lines and blank lines."""
+    return "\n".join(line for line in text.splitlines() if line.strip() and "%|" not in line) + "\n"
+
+
+def _shown(path: Path) -> str:
+    """A path as a history row names it: relative to the repo when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def new_rows(results: Path, history: Path, log_dir: Path) -> list[str]:
+    """Rows of the call's history the repo's lacks, their device A/B paths pointed at `log_dir`."""
+    ours = history.read_text().splitlines()
+    theirs = (results / "history.tsv").read_text().splitlines()
+    if theirs[0] != ours[0]:
+        raise SystemExit(f"{results / 'history.tsv'}: its header is not {history}'s")
+    log_col = ours[0].split("\t").index("log")
+
+    def identity(line: str) -> tuple[str, ...]:  # every cell but the log, which this script rewrites
+        cells = line.split("\t")
+        return (*cells[:log_col], *cells[log_col + 1 :])
+
+    have = {identity(row) for row in ours}
+    rows = []
+    for row in theirs[1:]:
+        if identity(row) in have:
+            continue
+        cells = row.split("\t")
+        match = DEVICE_AB.match(cells[log_col])
+        if match:
+            copy = log_dir / f"{match[1]}.json"
+            if not (results / copy.name).exists():
+                raise SystemExit(f"a row names {cells[log_col]}, but {copy.name} did not come back in {results}")
+            cells[log_col] = _shown(copy)
+        rows.append("\t".join(cells))
+    return rows
+
+
+def collect(results: Path, log_dir: Path, history: Path, logs: Path, pin: Path, triton_cache: Path) -> list[str]:
+    done = []
+    rows = new_rows(results, history, log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for path in sorted(results.iterdir()):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".png"):
+            shutil.copy(path, log_dir / path.name)
+            done.append(f"copied {path.name}")
+        elif path.is_file() and path.suffix == ".log":
+            (log_dir / path.name).write_text(strip_progress(path.read_text(errors="replace")))
+            done.append(f"copied {path.name} (progress bars dropped)")
+    with history.open("a") as f:
+        f.writelines(row + "\n" for row in rows)
+    done.append(f"appended {len(rows)} row(s) to {history.name}")
+    bench_logs = results / "bench-logs"
+    if bench_logs.is_dir():
+        for src in sorted(p for p in bench_logs.rglob("*") if p.is_file()):
+            target = logs / src.relative_to(bench_logs)
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, target)
+                done.append(f"bench log {target.relative_to(logs)}")
+    if (results / "fla-pin").is_dir():
+        added = sum(merge(results / "fla-pin", pin).values())
+        done.append(f"{added} kernel choice(s) added to the pin")
+    parts = sorted(results.glob("tc.tgz.part_*"))
+    if parts:
+        triton_cache.mkdir(exist_ok=True)
+        for old in triton_cache.glob("tc.tgz.part_*"):
+            old.unlink()
+        for part in parts:
+            shutil.copy(part, triton_cache / part.name)
+        done.append(f"{len(parts)} Triton cache part(s) into {triton_cache}")
+    return done
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__.strip().splitlines()[2].strip())
+    results, log_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    history, logs = ROOT / "benches/history.tsv", ROOT / "benches/logs"
+    for line in collect(results, log_dir, history, logs, PIN, ROOT / ".triton-cache"):
+        print(line)
