@@ -1,6 +1,9 @@
 """Bring one device call's results into the repo: history rows, logs, kernel choices, compiled kernels.
 
-    python benches/collect_session.py <extracted results.tgz> benches/logs/<date>-h200-session<N>
+    python benches/collect_session.py <the call's files_at folder> benches/logs/<date>-h200-session<N>
+
+The folder holds results.tgz (extracted here into a temporary folder) and any tc.tgz.part_* beside it;
+a folder where results.tgz was already extracted is taken as it is.
 
 What `benches/gpu_session.sh` packed (history.tsv, bench-logs/, fla-pin/, the commands' own files):
 - rows of its history.tsv that benches/history.tsv lacks are appended; a row whose log names an A/B's
@@ -17,6 +20,8 @@ Prints what it did.
 import re
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,10 +107,27 @@ def collect(results: Path, log_dir: Path, history: Path, logs: Path, pin: Path, 
     return done
 
 
+def unpack(fetched: Path, into: Path) -> Path:
+    """The call's results as one folder: `fetched` itself when results.tgz was already extracted there,
+    else `into`, holding results.tgz's contents and the tc.tgz parts that came back beside it."""
+    if not (fetched / "results.tgz").exists():
+        return fetched
+    with tarfile.open(fetched / "results.tgz") as tar:
+        tar.extractall(into, filter="data")
+    for part in fetched.glob("tc.tgz.part_*"):
+        shutil.copy(part, into / part.name)
+    return into
+
+
+def main(fetched: Path, log_dir: Path) -> None:
+    history, logs = ROOT / "benches/history.tsv", ROOT / "benches/logs"
+    with tempfile.TemporaryDirectory() as tmp:
+        results = unpack(fetched, Path(tmp))
+        for line in collect(results, log_dir, history, logs, PIN, ROOT / ".triton-cache"):
+            print(line)
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         raise SystemExit(__doc__.strip().splitlines()[2].strip())
-    results, log_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    history, logs = ROOT / "benches/history.tsv", ROOT / "benches/logs"
-    for line in collect(results, log_dir, history, logs, PIN, ROOT / ".triton-cache"):
-        print(line)
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

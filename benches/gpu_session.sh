@@ -4,7 +4,7 @@
 # and benches/logs/ (the rows `dormouse bench` appended there), fla's kernel choices ($OUT/fla-pin) and
 # whatever the commands wrote under $OUT.
 #   bash benches/gpu_session.sh "python3 benches/kda_gpu_gate.py --out \$OUT/gate.json" ...
-# Back here: tar xzf results.tgz -C DIR, then python benches/collect_session.py DIR benches/logs/<session>.
+# Back here: python benches/collect_session.py <the call's files_at> benches/logs/<session>.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -3,6 +3,7 @@ the repo's places, the A/B rows pointing at the JSONs it commits."""
 
 import importlib.util
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,17 @@ def test_a_row_whose_ab_json_did_not_come_back_is_refused_before_anything_is_wri
     with pytest.raises(SystemExit, match="names /tmp/ab-x/ab.json, but ab-x.json did not come back"):
         collect_session.collect(results, tmp_path / "logs/session", history, logs, pin, cache)
     assert history.read_text() == before and not (tmp_path / "logs/session").exists()
+
+
+def test_unpack_extracts_results_tgz_and_takes_the_cache_parts_beside_it(places, tmp_path):
+    results = places[0]
+    fetched = tmp_path / "fetched"
+    fetched.mkdir()
+    with tarfile.open(fetched / "results.tgz", "w:gz") as tar:
+        tar.add(results / "history.tsv", arcname="history.tsv")
+    (results / "tc.tgz.part_aa").rename(fetched / "tc.tgz.part_aa")
+    into = tmp_path / "into"
+    into.mkdir()
+    assert collect_session.unpack(fetched, into) == into
+    assert sorted(p.name for p in into.iterdir()) == ["history.tsv", "tc.tgz.part_aa"]
+    assert collect_session.unpack(results, into) == results  # already extracted: taken as it is
