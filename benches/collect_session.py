@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from merge_fla_pin import PIN, merge  # noqa: E402
 
+from dormouse.tools.bench import _shown_path  # noqa: E402  (how bench and ab name a log in a row)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_AB = re.compile(r"^/tmp/([\w.-]+)/ab\.json$")
 
@@ -35,12 +37,6 @@ def strip_progress(text: str) -> str:
     """A log read in text mode (universal newlines make each of tqdm's carriage-return redraws a line of
     its own) without its progress-bar lines and blank lines."""
     return "\n".join(line for line in text.splitlines() if line.strip() and "%|" not in line) + "\n"
-
-
-def _shown(path: Path) -> str:
-    """A path as a history row names it: relative to the repo when inside it."""
-    path = path.resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def new_rows(results: Path, history: Path, log_dir: Path) -> list[str]:
@@ -66,7 +62,7 @@ def new_rows(results: Path, history: Path, log_dir: Path) -> list[str]:
             copy = log_dir / f"{match[1]}.json"
             if not (results / copy.name).exists():
                 raise SystemExit(f"a row names {cells[log_col]}, but {copy.name} did not come back in {results}")
-            cells[log_col] = _shown(copy)
+            cells[log_col] = _shown_path(copy)
         rows.append("\t".join(cells))
     return rows
 

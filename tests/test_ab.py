@@ -147,7 +147,9 @@ def test_reuse_a_takes_arm_as_runs_and_trains_only_b(corpus_dir, tmp_path, capsy
     base = ("--seeds", "2", "--steps", "4")
     first = run_ab(corpus_dir, tmp_path, "one", "--a", "", "--b", "--lr 0.01", *base)
     reuse = ("--reuse-a", str(tmp_path / "one"))
-    second = run_ab(corpus_dir, tmp_path, "two", "--a", "", "--b", "--no-short-conv", *base, *reuse)
+    second = run_ab(corpus_dir, tmp_path, "two", "--a", "", "--b", "--no-short-conv", *base, *reuse, "--record")
+    (recorded,) = (tmp_path / "no-history.tsv").read_text().splitlines()[1:]  # arm B's row alone
+    assert "arm B: --no-short-conv" in recorded
     assert second["runs"]["a"] == first["runs"]["a"] and second["order"] == ["b/0", "b/1"]
     assert second["reused_a"].endswith("one/ab.json") and "arm A: the runs of" in capsys.readouterr().out
     assert second["arms"]["b"]["config"]["model"]["short_conv"] is False

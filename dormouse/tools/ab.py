@@ -528,9 +528,9 @@ def cli(args: argparse.Namespace) -> int:
         print(line)
     print(f"ab: {out / 'ab.json'}, {out / 'ab.png'}")
     if args.record:  # a reused arm A has its row already, from the comparison that trained it
-        recorded = [arm for arm in ARMS if not (arm == "a" and reused is not None)]
-        for arm, row in zip(ARMS, history_rows(result, cfgs, out, started), strict=True):
-            if arm in recorded:
-                append_row(history, row)
+        rows = dict(zip(ARMS, history_rows(result, cfgs, out, started), strict=True))
+        recorded = ARMS[1:] if reused is not None else ARMS
+        for arm in recorded:
+            append_row(history, rows[arm])
         print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {history}")
     return 0
