@@ -44,7 +44,7 @@ def places(tmp_path):
     ]
     (results / "history.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
     (results / "ab-x.json").write_text("{}")
-    (results / "ab-x.log").write_text("run x\r  5%|#  | 1/20\r 10%|## | 2/20\neval step=2 bpb=2.5\n")
+    (results / "ab-x.log").write_text("run x\n  5%|#  | 1/20\r 10%|## | 2/20\r      \reval step=2 bpb=2.5\n")
     (results / "bench-logs/new.log").write_text("bench")
     (results / "fla-pin/k.json").write_text(pin_file("new"))
     (results / "tc.tgz.part_aa").write_bytes(b"kernels")
