@@ -12,7 +12,7 @@ AB="python3 -m dormouse ab --config configs/tinyshakespeare.toml --data $V --see
 SHOW="grep -a -E '^(seed|overall|ms/step|verdict|eval)' \$OUT/ab-attn.log | cut -c1-150"
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh \
-  "{ $AB > \$OUT/ab-attn.log 2>&1 || { rm -rf /tmp/ab-attn; echo RETRY-no-graph-update; $AB --no-graph-update; } >> \$OUT/ab-attn.log 2>&1; }; cp /tmp/ab-attn/ab.json \$OUT/ab-attn.json; cp /tmp/ab-attn/ab.png \$OUT/ab-attn.png; for a in A B; do cp /tmp/ab-attn/\$a/seed-*/metrics.jsonl \$OUT/ab-attn.\$a.metrics.jsonl; done; $SHOW" \
+  "{ $AB > \$OUT/ab-attn.log 2>&1 || { rm -rf /tmp/ab-attn; echo RETRY-no-graph-update; $AB --no-graph-update; } >> \$OUT/ab-attn.log 2>&1; }; cp /tmp/ab-attn/ab.json \$OUT/ab-attn.json; cp /tmp/ab-attn/ab.png \$OUT/ab-attn.png; for a in a b; do cp /tmp/ab-attn/\$a/seed-*/metrics.jsonl \$OUT/ab-attn.\$a.metrics.jsonl; done; $SHOW" \
   "python3 -m dormouse bench --preset small --dtype bf16 --cuda-graph --note 'forward+backward graph and the update graph'" \
   "python3 -m dormouse bench --preset small --dtype bf16 --cuda-graph --no-graph-update --note 'forward+backward graph, update eager (same call)'" \
   "python3 -m pytest -v -x --durations=0 tests/gpu/test_graphed_step.py > \$OUT/test-graphed.log 2>&1; grep -E 'PASS|FAIL|passed|failed|s call|^E ' \$OUT/test-graphed.log | tail -20"
