@@ -10,12 +10,14 @@ import json
 import sys
 from pathlib import Path
 
+from dormouse.model.fla_kernels import UNPINNED_FILE
+
 PIN = Path(__file__).resolve().parents[1] / "dormouse/model/fla_configs/NVIDIA_H200"
 
 
 def merge(dump: Path, pin: Path) -> dict[str, int]:
     added = {}
-    for src in sorted(dump.glob("*.json")):
+    for src in sorted(p for p in dump.glob("*.json") if p.name != UNPINNED_FILE):
         target = pin / src.name
         new = json.loads(src.read_text())
         have = json.loads(target.read_text()) if target.exists() else {**new, "autotune_entries": {}}

@@ -195,14 +195,26 @@ def test_minutes_trains_both_arms_the_steps_the_slower_arm_fits(corpus_dir, tmp_
     assert "95% CI unknown (one seed)" in capsys.readouterr().out
 
 
+def test_a_context_length_arm_trains_the_same_bytes_per_step_and_scores_the_same_bytes(corpus_dir, tmp_path):
+    # TINY's batch is 4 × 32 bytes; arm B's 2 × 64 is the same 128 bytes per step with twice the context.
+    argv = ("--a", "", "--b", "--seq-len 64 --batch-size 2", "--seeds", "1", "--steps", "2")
+    result = run_ab(corpus_dir, tmp_path, "ctx", *argv)
+    shapes = {arm: result["arms"][arm]["config"]["train"] for arm in ("a", "b")}
+    assert [(shapes[arm]["batch_size"], shapes[arm]["seq_len"]) for arm in ("a", "b")] == [(4, 32), (2, 64)]
+    a, b = (result["runs"][arm][0] for arm in ("a", "b"))
+    every_target = load_corpus(corpus_dir).split_size("heldout") - 1  # the score walks the whole split
+    assert a["heldout_bytes"] == b["heldout_bytes"] == every_target
+    assert a["bpb"] != b["bpb"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--a", "", "--b", "--lr 0.003"], "resolve to the same config"),
         (["--a", "", "--b", "--no-such-flag 1"], "unrecognized arguments: --no-such-flag"),
         (["--a", "", "--b", "--lr 0.01", "--steps", "4", "--minutes", "1"], "--steps and --minutes are exclusive"),
-        (["--a", "", "--b", "--batch-size 8"], "--batch-size is held equal"),
-        (["--a", "--seq-len 64", "--b", ""], "--seq-len is held equal"),
+        (["--a", "", "--b", "--batch-size 16"], "arm A trains 2048 bytes per step and arm B 4096"),
+        (["--a", "--seq-len 64", "--b", ""], "arm A trains 512 bytes per step and arm B 2048"),
         (["--a", "", "--b", "--seed 1"], "--seed is held equal"),
         (["--a", "", "--b", "--steps 9"], "--steps is held equal"),
         (["--a", "", "--b", "--preset small"], "--preset is shared"),

@@ -106,7 +106,7 @@ def fla_unpinned(tmp: Path, monkeypatch) -> None:
     lookup = SimpleNamespace(AutotuneKey=lambda key: key, load_cached_config=lambda kernel, key: None)
     monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", lookup)
     monkeypatch.setattr(fla_kernels, "_autotuners", lambda: iter([("kernel", SimpleNamespace(cache={("key",): 0}))]))
-    monkeypatch.setattr(fla_kernels, "_counted", set())
+    monkeypatch.setattr(fla_kernels, "_counted", {})
     fla_kernels.count_unpinned()
 
 

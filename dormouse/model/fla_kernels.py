@@ -34,7 +34,9 @@ UNPINNED = ledger.register(
 )
 CONFIG_ROOT = Path(__file__).with_name("fla_configs")
 DUMP_ENV = "DORMOUSE_FLA_DUMP"
-_counted: set[tuple[str, str]] = set()
+UNPINNED_FILE = "unpinned.json"  # beside the dumped choices: merge_fla_pin.py skips it
+# (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
+_counted: dict[tuple[str, str], tuple] = {}
 
 
 def gpu_dir_name(device_name: str) -> str:
@@ -152,7 +154,7 @@ def count_unpinned() -> int:
             if pinned is not None and _same_config(config, pinned):
                 continue
             if (kernel, repr(key)) not in _counted:
-                _counted.add((kernel, repr(key)))
+                _counted[kernel, repr(key)] = (key, config, pinned)
                 ledger.count(UNPINNED)
                 new += 1
     return new
@@ -190,5 +192,19 @@ def dump_choices(folder: Path) -> list[str]:
             }
         data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        written.append(str(path))
+    if _counted:  # which choices were not the pin's, and what the pin had: why `fallbacks=` counted them
+        path = folder / UNPINNED_FILE
+        seen = json.loads(path.read_text()) if path.is_file() else []
+        for (kernel, _), (key, config, pinned) in sorted(_counted.items()):
+            seen.append(
+                {
+                    "kernel": kernel,
+                    "autotune_key": AutotuneKey.normalize_autotune_key(key),
+                    "chosen": config_entry(config),
+                    "pinned": pinned,  # None: the pin has no entry; else the entry the kernel did not run
+                }
+            )
+        path.write_text(json.dumps(seen, indent=1, sort_keys=True) + "\n")
         written.append(str(path))
     return written

@@ -4,9 +4,10 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
 
 - Each arm is the shared flags (`--preset`, `--config`, config flags given to `ab` itself) with the
   arm's own flags on top, parsed by the same flags as `dormouse train`. An arm may not set what the
-  comparison holds equal (SHARED: seed, batch and sequence length, steps, budget, evals, device,
-  checkpointing) nor the preset or a config file; unknown flags and two arms that resolve to one
-  config are refused.
+  comparison holds equal (SHARED: seed, steps, budget, evals, device, checkpointing) nor the preset or
+  a config file; unknown flags and two arms that resolve to one config are refused. An arm may change
+  the batch's shape (`--seq-len`, `--batch-size`: a context-length A/B) only with batch_size · seq_len
+  unchanged: the same bytes per step, and the eval scores the same held-out bytes whatever the window.
 - Seed round i trains A and B with seed `--seed` + i: the same batches (a batch is a function of
   (seed, step), the corpus, batch_size and seq_len) and the same init streams. Runs go round-robin
   by whole runs, the order alternating per round (A B, B A, A B, ...), so a slow drift of the
@@ -65,8 +66,6 @@ ARMS = ("a", "b")
 # Held equal by construction: an arm that sets one of these is refused, `ab` itself takes them for both.
 SHARED = {
     "train.seed": "seed round i trains both arms with seed --seed + i",
-    "train.batch_size": "the batches must be the same bytes",
-    "train.seq_len": "the batches must be the same bytes",
     "train.steps": "the comparison is at equal steps",
     "train.minutes": "the budget is per arm-run and the same for both",
     "train.eval_every": "the curves must be sampled at the same steps",
@@ -127,6 +126,12 @@ def arm_configs(args: argparse.Namespace) -> dict[str, Config]:
             cfgs[arm] = config_from_args(merged)
         except (ConfigError, ValueError) as e:  # ValueError: shlex, on an unclosed quote
             raise ConfigError(f"--{arm} {text!r}: {e}") from e
+    step_bytes = {arm: cfgs[arm].train.batch_size * cfgs[arm].train.seq_len for arm in ARMS}
+    if step_bytes["a"] != step_bytes["b"]:
+        raise ConfigError(
+            f"arm A trains {step_bytes['a']} bytes per step and arm B {step_bytes['b']} (batch_size · seq_len): "
+            "an arm may change the batch's shape, not how many bytes a step trains"
+        )
     if cfgs["a"].to_dict() == cfgs["b"].to_dict():
         raise ConfigError(f"--a {args.a!r} and --b {args.b!r} resolve to the same config: nothing to compare")
     return cfgs

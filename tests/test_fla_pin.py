@@ -1,0 +1,49 @@
+"""The kernel pin's bookkeeping on the CPU: fla and Triton exist only on the GPU machine, so stand-ins
+hold an autotuner's choices and answer fla's config lookup the way fla does."""
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from dormouse.model import fla_kernels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+from merge_fla_pin import merge  # noqa: E402
+
+
+def config(block: int) -> SimpleNamespace:
+    return SimpleNamespace(kwargs={"BT": block}, num_warps=4, num_stages=2)
+
+
+def entry(block: int) -> dict:
+    return {"kwargs": {"BT": block}, "num_warps": 4, "num_stages": 2, "num_ctas": 1}
+
+
+def test_dump_names_each_unpinned_choice_with_what_the_pin_had(tmp_path, monkeypatch):
+    pin = {("k", (64,)): entry(32)}  # the pin has key (64,), with another config than the kernel ran
+
+    class AutotuneKey(tuple):  # fla's key: built from the autotuner's key tuple, hashed, listed
+        key_hash = staticmethod(lambda key: f"h{key[0]}")
+        normalize_autotune_key = staticmethod(list)
+
+    cache = SimpleNamespace(AutotuneKey=AutotuneKey, load_cached_config=lambda kernel, key: pin.get((kernel, key)))
+    monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", cache)
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.6.0"))
+    tuner = SimpleNamespace(cache={(64,): config(64), (128,): config(16)})
+    monkeypatch.setattr(fla_kernels, "_autotuners", lambda: iter([("k", tuner)]))
+    monkeypatch.setattr(fla_kernels, "_counted", {})
+
+    assert fla_kernels.count_unpinned() == 2  # 64: not the pin's config; 128: no entry
+    fla_kernels.dump_choices(tmp_path)
+
+    unpinned = json.loads((tmp_path / fla_kernels.UNPINNED_FILE).read_text())
+    assert [(u["autotune_key"], u["chosen"]["kwargs"], u["pinned"]) for u in unpinned] == [
+        ([128], {"BT": 16}, None),
+        ([64], {"BT": 64}, entry(32)),
+    ]
+    chosen = json.loads((tmp_path / "k.json").read_text())["autotune_entries"]
+    assert {h: e["config"]["kwargs"]["BT"] for h, e in chosen.items()} == {"h64": 64, "h128": 16}
+    # The merge reads kernel files only: unpinned.json is a report, not a kernel named "unpinned".
+    (tmp_path / "pin").mkdir()
+    assert merge(tmp_path, tmp_path / "pin") == {"k.json": 2}
