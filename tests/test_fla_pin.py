@@ -47,3 +47,26 @@ def test_dump_names_each_unpinned_choice_with_what_the_pin_had(tmp_path, monkeyp
     # The merge reads kernel files only: unpinned.json is a report, not a kernel named "unpinned".
     (tmp_path / "pin").mkdir()
     assert merge(tmp_path, tmp_path / "pin") == {"k.json": 2}
+
+
+def test_triton_autotuners_in_fla_become_pin_reading_ones(monkeypatch):
+    class Autotuner:  # Triton's
+        def __init__(self, name):
+            self.base_fn, self.cache = SimpleNamespace(__name__=name), {}
+
+    class CachedAutotuner(Autotuner):  # fla's: Triton's plus the pin lookup
+        pass
+
+    plain, cached = Autotuner("layer_norm_fwd_kernel"), CachedAutotuner("chunk_kda_fwd")
+    cached.kernel_name = "chunk_kda_fwd"
+    wrapped = SimpleNamespace(fn=Autotuner("layer_norm_bwd_kernel"))  # @triton.heuristics over @autotune
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "triton.runtime.autotuner", SimpleNamespace(Autotuner=Autotuner))
+    monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", SimpleNamespace(CachedAutotuner=CachedAutotuner))
+    module = SimpleNamespace(a=plain, b=cached, c=wrapped, d=3)
+    monkeypatch.setitem(sys.modules, "fla.modules.norm.layernorm", module)
+
+    assert fla_kernels.pin_plain_autotuners() == 2
+    assert [type(t) for t in (plain, cached, wrapped.fn)] == [CachedAutotuner] * 3
+    assert (plain.kernel_name, wrapped.fn.kernel_name) == ("layer_norm_fwd_kernel", "layer_norm_bwd_kernel")
+    assert fla_kernels.pin_plain_autotuners() == 0  # once is enough

@@ -79,9 +79,30 @@ def _import(module: str, name: str) -> tuple[Callable | None, str]:
     """`module.name` from fla, imported after the pin is set, or None and why it could not be imported."""
     pin_note()
     try:
-        return getattr(importlib.import_module(module), name), ""
+        found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:  # AttributeError: an fla release without that name
         return None, f"{type(err).__name__}: {err}"
+    pin_plain_autotuners()
+    return found, ""
+
+
+def pin_plain_autotuners() -> int:
+    """Make every fla kernel read the pin; returns how many autotuners were changed.
+
+    fla decorates most kernels with its own autotuner (fla_cache_autotune: CachedAutotuner, which looks
+    the key up in the pin before Triton's run) but some with Triton's (fla 0.6.0: the layer norms of
+    fla/modules/norm/layernorm.py), which never read the pin: every process chose their configs by
+    timing, so two runs of one config could run different kernels. CachedAutotuner is a subclass that
+    only adds that lookup, so such an autotuner becomes one in place (its class and kernel name)."""
+    from fla.ops.utils.cache import CachedAutotuner
+
+    changed = 0
+    for kernel, tuner in _autotuners():
+        if not isinstance(tuner, CachedAutotuner):
+            tuner.__class__ = CachedAutotuner
+            tuner.kernel_name = kernel
+            changed += 1
+    return changed
 
 
 @functools.cache
