@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from dormouse.model import fla_kernels, precision  # noqa: E402
 from dormouse.model.kda import kda, kda_recurrent  # noqa: E402
+from dormouse.tools.bench import fla_version  # noqa: E402
 from dormouse.tools.kda_op import forward_backward, make_inputs  # noqa: E402
 
 SHAPE = (10, 512, 8, 64)  # B, T, H, K (= V): the gate shape
@@ -75,8 +76,6 @@ def main() -> int:
     precision_note = precision.apply(args.dtype)
     print(f"{args.dtype}: {precision_note}; {fla_kernels.pin_note()}", flush=True)
     errors, norms, digest = compare_fla(args.dtype, shape)
-    from fla import __version__ as fla_version
-
     tol = TOLERANCE[args.dtype]
     print(f"{args.dtype}: fla vs float64 recurrence at B,T,H,K={shape} (gate: max|d|/max|ref| <= {tol:g})")
     print(f"  {'tensor':12s} {'max|d|/max|ref|':>16s} {'|d|/|ref|':>10s}")
@@ -92,7 +91,7 @@ def main() -> int:
         "shape_BTHK": shape,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "fla": fla_version,
+        "fla": fla_version(),
         "tolerance": tol,
         "errors": errors,
         "norm_errors": norms,
