@@ -10,15 +10,28 @@ import pytest
 from dormouse import config
 from dormouse.cli import main
 from dormouse.data.shards import load_corpus
+from dormouse.tools import ab_merge
 from dormouse.tools.ab import price
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
-from dormouse.tools.bench import ADDED_COLUMNS, COLUMNS
+from dormouse.tools.bench import ADDED_COLUMNS, COLUMNS, code_fingerprint
 from dormouse.tools.history import measured_rows, read_history, setting
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
 TINY += ["--engram-rows", "256", "--engram-dim", "8", "--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
 TINY += ["--warmup-steps", "1", "--eval-every", "2", "--eval-bytes", "64"]
-KEYS = {"commit", "device", "torch", "preset", "data", "fingerprint", "seeds", "steps", "step_rule", "pricing_run"}
+KEYS = {
+    "commit",
+    "code",
+    "device",
+    "torch",
+    "preset",
+    "data",
+    "fingerprint",
+    "seeds",
+    "steps",
+    "step_rule",
+    "pricing_run",
+}
 KEYS |= {"order", "cost", "reused_a", "arms", "runs", "per_seed", "overall"}
 OVERALL = {"a_bpb_mean", "b_bpb_mean", "diff_mean", "diff_sd", "dof", "t", "ci95", "a_ms_per_step", "b_ms_per_step"}
 OVERALL |= {"verdict"}
@@ -318,3 +331,49 @@ def test_record_refuses_a_foreign_history_before_anything_runs(tmp_path, capsys)
     argv = ["ab", "--a", "", "--b", "--lr 0.01", "--record", "--history", str(history), "--out", str(tmp_path / "o")]
     assert main([*argv, "--device", "cpu"]) == 2
     assert "migrate the file" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_reuse_a_holds_the_code_equal_not_the_commit(corpus_dir, tmp_path, capsys):
+    run_ab(corpus_dir, tmp_path, "one", "--a", "", "--b", "--lr 0.01", "--seeds", "1", "--steps", "2")
+    saved = tmp_path / "one" / "ab.json"
+    result = json.loads(saved.read_text())
+    assert result["code"] == code_fingerprint() and len(result["code"]) == 12
+    saved.write_text(json.dumps({**result, "commit": "0123abc"}))  # logs committed between two device calls
+    argv = ("--a", "", "--b", "--no-short-conv", "--seeds", "1", "--steps", "2", "--reuse-a", str(tmp_path / "one"))
+    assert run_ab(corpus_dir, tmp_path, "two", *argv)["runs"]["a"] == result["runs"]["a"]
+    saved.write_text(json.dumps({**result, "code": "another-code"}))
+    assert main(["ab", *argv, "--data", str(corpus_dir), "--out", str(tmp_path / "three"), *TINY]) == 2
+    assert f"the code differs (another-code there, {result['code']} here)" in capsys.readouterr().err
+
+
+def test_merged_seed_rounds_equal_one_two_seed_comparison(corpus_dir, tmp_path, capsys):
+    argv = ("--a", "", "--b", "--lr 0.01", "--steps", "3")
+    both = run_ab(corpus_dir, tmp_path, "both", *argv, "--seeds", "2")
+    for seed in (0, 1):
+        run_ab(corpus_dir, tmp_path, f"s{seed}", *argv, "--seeds", "1", "--seed", str(seed))
+    inputs = [str(tmp_path / f"s{seed}" / "ab.json") for seed in (1, 0)]  # any order: runs sort by seed
+    assert ab_merge.main([*inputs, "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "ab.json").read_text())
+    assert merged["seeds"] == [0, 1] and merged["merged_from"] == inputs
+    assert [r["bpb"] for arm in "ab" for r in merged["runs"][arm]] == [
+        r["bpb"] for arm in "ab" for r in both["runs"][arm]
+    ]
+    same = ("a_bpb_mean", "b_bpb_mean", "diff_mean", "diff_sd", "dof", "t", "ci95", "verdict")
+    assert {k: merged["overall"][k] for k in same} == {k: both["overall"][k] for k in same}
+    assert (tmp_path / "merged" / "ab.png").is_file() and "verdict:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        (("--a", "", "--b", "--lr 0.01", "--steps", "2", "--seed", "1"), "steps differs"),
+        (("--a", "", "--b", "--lr 0.02", "--steps", "3", "--seed", "1"), "arm B is another config"),
+        (("--a", "", "--b", "--lr 0.01", "--steps", "3", "--seed", "0"), "a seed appears twice"),
+    ],
+)
+def test_merge_refuses_inputs_of_other_comparisons(second, message, corpus_dir, tmp_path, capsys):
+    run_ab(corpus_dir, tmp_path, "one", "--a", "", "--b", "--lr 0.01", "--steps", "3", "--seeds", "1")
+    run_ab(corpus_dir, tmp_path, "two", *second, "--seeds", "1")
+    inputs = [str(tmp_path / name / "ab.json") for name in ("one", "two")]
+    assert ab_merge.main([*inputs, "--out", str(tmp_path / "merged")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "merged").exists()

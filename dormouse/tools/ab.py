@@ -23,7 +23,8 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
   `depth`, as `dormouse eval --depth all`); `--record` appends one row per arm to the history
   (bench's append_row), a row pricing can use.
 - `--reuse-a DIR` takes arm A's runs from an earlier comparison instead of training them again, when
-  they are this comparison's arm A: the same commit, corpus, device, steps and resolved config, a run
+  they are this comparison's arm A: the same code (`code`: a hash of the package's sources and kernel
+  pin, so a commit of logs in between does not matter), corpus, device, steps and resolved config, a run
   for every seed (an ablation table's rows share one baseline). Only arm B trains; its runs no longer
   alternate with A's, so A's timing comes from that comparison's machine state.
 """
@@ -52,6 +53,7 @@ from dormouse.tools.bench import (
     _cell,
     _shown_path,
     append_row,
+    code_fingerprint,
     device_name,
     fla_version,
     git_commit,
@@ -152,19 +154,19 @@ def reused_a_runs(
     steps: int,
     *,
     corpus: Corpus,
-    commit: str,
+    code: str,
     device: str,
     eval_depths: bool,
 ) -> tuple[Path, list[dict]]:
     """Arm A's runs (one per seed, in `seeds`' order) of the comparison in `prev_dir`, refused unless they
-    are this comparison's arm A: same commit, corpus, device, steps and arm-A config."""
+    are this comparison's arm A: same code, corpus, device, steps and arm-A config."""
     path = prev_dir / "ab.json"
     try:
         prev = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"--reuse-a {prev_dir}: cannot read {path}: {e}") from e
     same = {
-        "the commit": (prev["commit"], commit),
+        "the code": (prev.get("code", "not recorded"), code),
         "the corpus fingerprint": (prev["fingerprint"], corpus.fingerprint),
         "the device": (prev["device"], device),
         "the step count": (prev["steps"], steps),
@@ -450,6 +452,7 @@ def cli(args: argparse.Namespace) -> int:
     if args.record:
         history_header(history)  # a header the rows cannot go under is refused now, not after the runs
     commit = git_commit(repo_root())  # the code that trains, before hours in which the tree may change
+    code = code_fingerprint()
     started = datetime.datetime.now(datetime.UTC)
     first_seed, minutes = cfgs["a"].train.seed, cfgs["a"].train.minutes
     seeds = [first_seed + i for i in range(args.seeds)]
@@ -466,7 +469,7 @@ def cli(args: argparse.Namespace) -> int:
             seeds,
             steps,
             corpus=corpus,
-            commit=commit,
+            code=code,
             device=device_name(device),
             eval_depths=args.eval_depths,
         )
@@ -507,6 +510,7 @@ def cli(args: argparse.Namespace) -> int:
 
     result = {
         "commit": commit,
+        "code": code,
         "device": device_name(device),
         "torch": torch.__version__,
         "preset": cfgs["a"].preset,

@@ -72,6 +72,7 @@ machine makes every CPU figure slower.
 
 import datetime
 import gc
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -338,6 +339,19 @@ def git_commit(root: Path) -> str:
         return "unknown(not a git checkout)"
     dirty = git("status", "--porcelain").stdout.strip()
     return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def code_fingerprint() -> str:
+    """sha256 (12 hex) of the dormouse package's sources and committed kernel pin: what computes a run.
+
+    Two runs with one fingerprint ran the same code whatever the commit says (a commit that only adds
+    logs or docs keeps it; a pin entry merged from a device call changes it), so `dormouse ab` compares
+    this, not the commit, before reusing or merging runs made in other device calls."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 # ---- the bench -------------------------------------------------------------------------------------------------
