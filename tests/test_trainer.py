@@ -179,6 +179,7 @@ def test_evals_carry_the_wall_clock_and_the_first_step_is_logged_once(corpus, tm
     assert len(walls) == 2 and 0 < walls[0] <= walls[1]
     log = (tmp_path / "r" / "train.log").read_text()
     assert log.count("first step: ") == 1 and trainer.first_step_s > 0
+    assert "fla's import 0.0 s)" in log  # the CPU path never imports fla
     assert f"wall_s={walls[-1]:.4f} " in log
 
 

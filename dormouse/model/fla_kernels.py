@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,7 @@ CONFIG_ROOT = Path(__file__).with_name("fla_configs")
 DUMP_ENV = "DORMOUSE_FLA_DUMP"
 UNPINNED_FILE = "unpinned.json"  # beside the dumped choices: merge_fla_pin.py skips it
 # (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
+import_s = 0.0  # seconds this process spent importing fla (the warm start's largest part on the H200)
 _counted: dict[tuple[str, str], tuple] = {}
 
 
@@ -77,11 +79,15 @@ def pin_note() -> str:
 @functools.cache
 def _import(module: str, name: str) -> tuple[Callable | None, str]:
     """`module.name` from fla, imported after the pin is set, or None and why it could not be imported."""
+    global import_s
     pin_note()
+    started = time.monotonic()
     try:
         found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:  # AttributeError: an fla release without that name
         return None, f"{type(err).__name__}: {err}"
+    finally:
+        import_s += time.monotonic() - started
     pin_plain_autotuners()
     return found, ""
 

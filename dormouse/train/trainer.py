@@ -263,7 +263,10 @@ class Trainer:
                 if self.first_step_s is None:  # this process's first step: the cold start
                     self.first_step_s = window_ms[-1] / 1000
                     since = time.monotonic() - dormouse.IMPORTED
-                    self.log(f"first step: {self.first_step_s:.1f} s, {since:.1f} s since dormouse was imported")
+                    self.log(
+                        f"first step: {self.first_step_s:.1f} s, {since:.1f} s since dormouse was imported "
+                        f"(before it: {since - self.first_step_s:.1f} s, fla's import {fla_kernels.import_s:.1f} s)"
+                    )
                 window_ce.append(ce)
                 spike = self.stress.update(ce)
                 if spike:
