@@ -145,7 +145,7 @@ class TrainConfig:
     graph_update: bool = _f(
         True,
         "with --cuda-graph, the clip and NesterovSinkhorn's update are a second graph (train/graphed_update.py); "
-        "--no-graph-update runs the same arithmetic eagerly, to measure what the second graph gains",
+        "--no-graph-update runs the update as the eager step does (the same bits), to measure what the graph gains",
     )
     engram_shard: bool = _f(
         False,

@@ -31,7 +31,7 @@ from dormouse.train.sparse import clip_sparse_grads_, split_grads_
 class GraphedUpdate:
     """Clip and optimizer step of one training step; `__call__(max_norm)` returns the total gradient norm
     before clipping (a device tensor, refilled by the next call). `capture=False` runs every update
-    eagerly, as the first one runs (`--no-graph-update`, and the CPU, where the arithmetic is tested)."""
+    eagerly, as the first one runs: the CPU, where the arithmetic is tested."""
 
     def __init__(self, model: nn.Module, opt: Optimizers, *, capture: bool = True):
         self.model, self.capture = model, capture

@@ -78,14 +78,15 @@ class Trainer:
         # What a training step calls; under FSDP the model itself, sharded before the optimizers see it.
         self.replica = data_parallel(self.model, self.world, t.parallel)
         self.groups = route(self.model, t.opt)
-        self.opt = build_optimizers(self.groups, t, capturable=t.cuda_graph)
+        self.opt = build_optimizers(self.groups, t, capturable=t.cuda_graph and t.graph_update)
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len)
         # --cuda-graph: forward + backward captured at the first step and replayed (train/graphed.py).
         # Then the clip and NesterovSinkhorn's step, captured at the second step (train/graphed_update.py).
         self.graphed, self.graphed_update = None, None
         if t.cuda_graph:
             self.graphed = GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
-            self.graphed_update = GraphedUpdate(self.model, self.opt, capture=t.graph_update)
+            if t.graph_update:  # else the update runs as the eager step runs it
+                self.graphed_update = GraphedUpdate(self.model, self.opt)
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
@@ -204,7 +205,11 @@ class Trainer:
             seed = step_seed(t.seed, step) if self.cfg.model.dropout else None
             out = self.graphed(x, y, starts, seed)
             values = self._checked_values(step, {"loss": out.loss, "ce": out.ce, **out.aux})
-            self.grad_norm = self.graphed_update(max_norm)
+            if self.graphed_update is not None:
+                self.grad_norm = self.graphed_update(max_norm)
+            else:  # --no-graph-update: the eager step's clip and optimizers (equal bits: test_graphed_update)
+                self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
+                self.opt.step()
         else:
             with self.autocast():
                 out = self.replica(
