@@ -2,8 +2,13 @@
 
     python benches/merge_fla_pin.py <dump dir> [dormouse/model/fla_configs/NVIDIA_H200]
 
-Entries already pinned are kept as they are (the pin is never re-decided); only keys the pin lacks are
-added. Prints the count added per kernel file.
+Entries already pinned are kept as they are, in their order (the pin is never re-decided). A dumped
+choice is added only where the pin did not make it: its key has no entry, and the entry fla's fuzzy
+lookup would take for it (the first whose key differs from it in numbers only) is missing or holds
+another config (the kernel refused it and Triton timed a new one). A choice the pin made by a fuzzy
+match is not added again: the code (and `dormouse ab`'s code fingerprint) stays the same when the
+kernels are. New entries go at the end, so no earlier entry loses a fuzzy match to them. Prints the
+count added per kernel file.
 """
 
 import json
@@ -15,6 +20,31 @@ from dormouse.model.fla_kernels import UNPINNED_FILE
 PIN = Path(__file__).resolve().parents[1] / "dormouse/model/fla_configs/NVIDIA_H200"
 
 
+def _fuzzy(cached, requested) -> bool:
+    """fla's AutotuneKey.keys_fuzzy_match (fla/ops/utils/cache.py): numbers match any number, the rest
+    (bools, strings, structure) must be equal. Copied because this runs where fla is not installed."""
+
+    def numeric(v) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    if numeric(cached) and numeric(requested):
+        return True
+    if isinstance(cached, list) and isinstance(requested, list):
+        return len(cached) == len(requested) and all(_fuzzy(c, r) for c, r in zip(cached, requested, strict=True))
+    return cached == requested
+
+
+def _same(a: dict, b: dict) -> bool:
+    return (a["kwargs"], a["num_warps"], a["num_stages"]) == (b["kwargs"], b["num_warps"], b["num_stages"])
+
+
+def pinned_config(entries: dict, key: str, autotune_key: list) -> dict | None:
+    """The config fla's lookup (exact, then the first fuzzy match) takes from `entries`, or None."""
+    if key in entries:
+        return entries[key]["config"]
+    return next((e["config"] for e in entries.values() if _fuzzy(e["autotune_key"], autotune_key)), None)
+
+
 def merge(dump: Path, pin: Path) -> dict[str, int]:
     added = {}
     for src in sorted(p for p in dump.glob("*.json") if p.name != UNPINNED_FILE):
@@ -22,9 +52,15 @@ def merge(dump: Path, pin: Path) -> dict[str, int]:
         new = json.loads(src.read_text())
         have = json.loads(target.read_text()) if target.exists() else {**new, "autotune_entries": {}}
         entries = have["autotune_entries"]
-        fresh = {k: v for k, v in new["autotune_entries"].items() if k not in entries}
+        fresh = {}
+        for key, entry in new["autotune_entries"].items():
+            if key in entries:
+                continue
+            pinned = pinned_config(entries, key, entry["autotune_key"])
+            if pinned is None or not _same(pinned, entry["config"]):
+                fresh[key] = entry
         if fresh:
-            have["autotune_entries"] = dict(sorted({**entries, **fresh}.items()))
+            have["autotune_entries"] = {**entries, **fresh}
             target.write_text(json.dumps(have, indent=1) + "\n")
         added[src.name] = len(fresh)
     return added

@@ -83,3 +83,27 @@ def test_no_gpu_test_or_bench_imports_fla_before_the_pin_is_set():
         if line.lstrip().startswith(("import fla", "from fla")) or 'importorskip("fla' in line
     ]
     assert offenders == [], "import fla through dormouse.model.fla_kernels: " + ", ".join(offenders)
+
+
+def test_merge_adds_only_choices_the_pin_did_not_make_and_appends_them(tmp_path):
+    def file(entries: dict) -> dict:
+        return {"kernel_name": "k", "triton_version": "3.6.0", "autotune_entries": entries}
+
+    def at(key: list, block: int) -> dict:
+        return {"autotune_key": key, "config": entry(block)}
+
+    (tmp_path / "pin").mkdir()
+    (tmp_path / "dump").mkdir()
+    pinned = {"p64": at([64, True, "bf16"], 32), "p8": at([8, "fp32"], 16)}
+    (tmp_path / "pin" / "k.json").write_text(json.dumps(file(pinned)))
+    dumped = {
+        "p64": at([64, True, "bf16"], 128),  # pinned already: never re-decided
+        "d128": at([128, True, "bf16"], 32),  # the fuzzy match's config: the pin made it, not added
+        "d256": at([256, True, "bf16"], 64),  # the fuzzy match's config refused, Triton timed another
+        "d9": at([9, False, "bf16"], 16),  # no entry matches (a bool differs): Triton timed it
+    }
+    (tmp_path / "dump" / "k.json").write_text(json.dumps(file(dumped)))
+    assert merge(tmp_path / "dump", tmp_path / "pin") == {"k.json": 2}
+    merged = json.loads((tmp_path / "pin" / "k.json").read_text())["autotune_entries"]
+    assert list(merged) == ["p64", "p8", "d256", "d9"]  # appended: earlier fuzzy matches stay first
+    assert merged["p64"]["config"] == entry(32)
