@@ -377,3 +377,13 @@ def test_merge_refuses_inputs_of_other_comparisons(second, message, corpus_dir, 
     inputs = [str(tmp_path / name / "ab.json") for name in ("one", "two")]
     assert ab_merge.main([*inputs, "--out", str(tmp_path / "merged")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "merged").exists()
+
+
+def test_merge_refuses_a_comparison_without_a_code_fingerprint(corpus_dir, tmp_path, capsys):
+    for seed in (0, 1):
+        argv = ("--a", "", "--b", "--lr 0.01", "--steps", "2", "--seeds", "1", "--seed", str(seed))
+        run_ab(corpus_dir, tmp_path, f"s{seed}", *argv)
+    old = tmp_path / "s0" / "ab.json"
+    old.write_text(json.dumps({k: v for k, v in json.loads(old.read_text()).items() if k != "code"}))
+    assert ab_merge.main([str(old), str(tmp_path / "s1" / "ab.json"), "--out", str(tmp_path / "m")]) == 2
+    assert "has no code fingerprint" in capsys.readouterr().err

@@ -36,8 +36,8 @@ UNPINNED = ledger.register(
 CONFIG_ROOT = Path(__file__).with_name("fla_configs")
 DUMP_ENV = "DORMOUSE_FLA_DUMP"
 UNPINNED_FILE = "unpinned.json"  # beside the dumped choices: merge_fla_pin.py skips it
-# (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
 import_s = 0.0  # seconds this process spent importing fla (the warm start's largest part on the H200)
+# (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
 _counted: dict[tuple[str, str], tuple] = {}
 
 

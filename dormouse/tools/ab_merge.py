@@ -29,6 +29,9 @@ def _without_seed(config: dict) -> dict:
 def merge(results: list[tuple[Path, dict]]) -> dict:
     """The merged comparison (ab.json's layout, plus `merged_from`); ConfigError when the inputs differ."""
     (first_path, first), rest = results[0], results[1:]
+    for path, result in results:
+        if "code" not in result:
+            raise ConfigError(f"{path} has no code fingerprint (written before ab recorded one): cannot tell its code")
     for path, result in rest:
         for key in SAME:
             if result.get(key) != first.get(key):
