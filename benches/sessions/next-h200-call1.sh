@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Planned first device call of the next session (not run yet). Write .device-commit first; carry .whl,
 # .gpu-data (ts-val = prepare --heldout-tail 0.1 --validation-tail 0.1), .device-commit and .triton-cache.
-#  1. The GPU tests: every fla kernel reads the pin (none timed at the candidate shape), then --cuda-graph == eager, with -s so its log shows where the time goes
-#     (session 6 gave it 63 s and 96 s after other work: no case finished, no output).
+#  1. The GPU tests, with -s so the log shows where the time goes: every fla kernel reads the pin (none
+#     timed at the candidate's shape), then --cuda-graph == eager (session 6 gave it 63 s and 96 s: no
+#     case finished; it imported fla before the pin was set, now fixed).
 #  2. The candidate on the validation slice (2400 steps). With the layer norms now reading the pin, its
 #     eval lines should show fallbacks=0; run the same command in the next call and compare the eval
 #     lines: equal numbers mean a one-seed A/B is no longer measuring kernel timing races (session 6:
