@@ -454,8 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--reuse-a",
         metavar="DIR",
         default=None,
-        help="take arm A's runs from the earlier comparison in DIR instead of training them (refused unless "
-        "it ran this arm A: same commit, corpus, device, steps and config, every seed); only B trains",
+        help="take arm A's runs from the earlier comparison in DIR (its ab.json; or an ab.json file itself) "
+        "instead of training them (refused unless it ran this arm A: same code fingerprint, corpus, device, "
+        "steps and config, every seed); only B trains",
     )
     add_config_flags(p)
     p.set_defaults(func=_cmd_ab)

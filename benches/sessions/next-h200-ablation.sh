@@ -15,9 +15,12 @@ declare -A B=(
   [attnres]="--attn-res" [dspark]="--dspark-weight 0.1" [jepa]="--jepa-weight 0.1" [adamw]="--opt adamw"
 )
 SHOW="grep -a -E '^(overall|ms/step|verdict)'"
+# BASE=FILE (an earlier call's ab.json as collected, e.g. benches/logs/<session>/abl-engram.json): every
+# row reuses that call's arm A (refused if the code fingerprint changed since).
 cmds=() base=""
+[[ -n "${BASE:-}" ]] && base=given
 for row in ${ROWS:-engram attention depth1 depth3}; do
-  reuse=${base:+--reuse-a /tmp/abl-$base}
+  if [[ $base == given ]]; then reuse="--reuse-a $BASE"; else reuse=${base:+--reuse-a /tmp/abl-$base}; fi
   cmds+=("$AB --a '' --b '${B[$row]}' $reuse --out /tmp/abl-$row > \$OUT/abl-$row.log 2>&1; cp /tmp/abl-$row/ab.json \$OUT/abl-$row.json; $SHOW \$OUT/abl-$row.log")
   base=${base:-$row}
 done

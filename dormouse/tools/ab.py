@@ -160,7 +160,7 @@ def reused_a_runs(
 ) -> tuple[Path, list[dict]]:
     """Arm A's runs (one per seed, in `seeds`' order) of the comparison in `prev_dir`, refused unless they
     are this comparison's arm A: same code, corpus, device, steps and arm-A config."""
-    path = prev_dir / "ab.json"
+    path = prev_dir if prev_dir.suffix == ".json" else prev_dir / "ab.json"  # a folder, or a kept ab.json
     try:
         prev = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
