@@ -201,15 +201,10 @@ class Trainer:
         self.depths.append(depth)
         starts = self.jepa_starts(step)
         max_norm = t.grad_clip or math.inf  # grad_clip 0 = the norm only
-        if self.graphed is not None:  # forward and backward replayed, the gradients set; the update replayed
+        if self.graphed is not None:  # forward and backward replayed; the gradients are set
             seed = step_seed(t.seed, step) if self.cfg.model.dropout else None
             out = self.graphed(x, y, starts, seed)
-            values = self._checked_values(step, {"loss": out.loss, "ce": out.ce, **out.aux})
-            if self.graphed_update is not None:
-                self.grad_norm = self.graphed_update(max_norm)
-            else:  # --no-graph-update: the eager step's clip and optimizers (equal bits: test_graphed_update)
-                self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
-                self.opt.step()
+            terms = {"loss": out.loss, "ce": out.ce, **out.aux}
         else:
             with self.autocast():
                 out = self.replica(
@@ -223,6 +218,10 @@ class Trainer:
             # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
             terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
             out.loss.backward()
+        if self.graphed_update is not None:  # the clip and NesterovSinkhorn's step replayed (graphed_update.py)
+            values = self._checked_values(step, terms)
+            self.grad_norm = self.graphed_update(max_norm)
+        else:  # eager, and --cuda-graph --no-graph-update (one process: the averaging and shards are no-ops)
             average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
             # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
             # The sparse-aware clip: the engram table's gradient is sparse.
