@@ -29,13 +29,26 @@ def test_apply_sets_both_libraries(dtype, torch_precision, triton):
     assert torch.get_float32_matmul_precision() == torch_precision
     assert os.environ.get("TRITON_F32_DEFAULT") == (None if triton == "tf32" else triton)  # tf32: Triton's default
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == precision.CUBLAS_WORKSPACE  # the same GEMM bits on any stream
-    want = f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton}; cuBLAS workspace :4096:8"
+    want = (
+        f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton}; cuBLAS workspace :4096:8; "
+        "deterministic algorithms"
+    )
     assert note == want
+
+
+def test_apply_turns_on_torch_deterministic_mode():
+    # The byte embedding's CUDA backward (atomic adds) parted two processes of one config at step 1 without it.
+    precision.apply("bf16")
+    assert torch.are_deterministic_algorithms_enabled()
+    # An op with no deterministic implementation raises rather than run (put_ without accumulate: repeated
+    # indices keep whichever write lands last).
+    with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
+        torch.zeros(4).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
 
 
 def test_a_users_cublas_workspace_is_kept_and_shown(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
-    assert precision.apply("fp32").endswith("; cuBLAS workspace :16:8")
+    assert "; cuBLAS workspace :16:8;" in precision.apply("fp32")
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 

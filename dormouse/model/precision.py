@@ -7,6 +7,11 @@ tf32  the same tensors in fp32 but matmuls on TF32 tensor cores: torch "high", T
 bf16  autocast to bfloat16 (CUDA only); float32 leftovers as tf32 (the fast path; bf16 dominates).
 
 On the CPU none of this changes anything (no TF32 there), so the CPU is always fp32.
+
+Whatever the dtype, torch runs in deterministic mode (`torch.use_deterministic_algorithms`): an op with a
+non-deterministic CUDA kernel runs its deterministic one, and an op that has none raises. Without it the
+byte embedding's gradient (atomic adds on CUDA) differed between two processes of one config from the
+first step (benches/logs/2026-12-03-h200-session7/probe/), and the runs parted.
 """
 
 import contextlib
@@ -42,9 +47,10 @@ def apply(dtype: str) -> str:
     # "Results reproducibility"); a CUDA graph is captured on a side stream (train/graphed.py). Read when
     # the first cuBLAS handle is made, so set here, before any matmul; a user's own value is kept and shown.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
     return (
         f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}; "
-        f"cuBLAS workspace {os.environ['CUBLAS_WORKSPACE_CONFIG']}"
+        f"cuBLAS workspace {os.environ['CUBLAS_WORKSPACE_CONFIG']}; deterministic algorithms"
     )
 
 
