@@ -1,8 +1,8 @@
 """Where two processes of one training config part: a fingerprint of every step's gradients and weights.
 
 Runs `--steps` training steps of the config given by dormouse's own flags and writes one JSON line per
-step: the training ce (float.hex), a sha256 prefix of every parameter's gradient as the update receives
-it, and of every parameter after the update. Run it twice, each its own process, and `--compare` the two
+step: the training ce (float.hex), a sha256 prefix of every parameter's gradient before the clip, and of
+every parameter after the update. Run it twice, each its own process, and `--compare` the two
 files: the first step, stage (grads or weights) and parameters that differ say where the bits part.
 
     python benches/determinism_probe.py --config configs/tinyshakespeare.toml --data DIR --out a.jsonl
@@ -56,14 +56,16 @@ def probe(args) -> None:
                     return update(max_norm)
 
             trainer.graphed_update = Reading()
-        else:
-            step = trainer.opt.step
+        else:  # the eager update clips in place too: read the grads as the clip receives them
+            from dormouse.train import trainer as trainer_module
 
-            def reading_step():
+            clip = trainer_module.clip_grad_norm_
+
+            def reading_clip(*a, **kw):
                 grads_now()
-                return step()
+                return clip(*a, **kw)
 
-            trainer.opt.step = reading_step
+            trainer_module.clip_grad_norm_ = reading_clip
         with open(args.out, "w") as f:
             for s in range(cfg.train.steps):
                 ce = trainer.train_step(s)

@@ -40,6 +40,7 @@ def test_apply_turns_on_torch_deterministic_mode():
     # The byte embedding's CUDA backward (atomic adds) parted two processes of one config at step 1 without it.
     precision.apply("bf16")
     assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.utils.deterministic.fill_uninitialized_memory  # a NaN fill per allocation costs ~10 %
     # An op with no deterministic implementation raises rather than run (put_ without accumulate: repeated
     # indices keep whichever write lands last).
     with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):

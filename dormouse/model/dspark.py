@@ -22,19 +22,20 @@ VOCAB = 256
 CE_WEIGHT, L1_WEIGHT = 0.1, 0.9  # DeepSpec's ce_loss_alpha and l1_loss_alpha
 
 
-def anchors(length: int, k: int, stride: int) -> torch.Tensor:
-    """The anchor positions of a sequence of `length` bytes: 0, stride, …, (n − 1)·stride."""
-    return torch.arange(max(0, (length - k - 1) // stride)) * stride
+def anchors(length: int, k: int, stride: int, device=None) -> torch.Tensor:
+    """The anchor positions of a sequence of `length` bytes: 0, stride, …, (n − 1)·stride. Made on the
+    model's device: a CUDA graph's capture refuses a copy from unpinned host memory."""
+    return torch.arange(max(0, (length - k - 1) // stride), device=device) * stride
 
 
-def slots(positions: torch.Tensor, k: int, device) -> torch.Tensor:
-    """[n, k]: p + j for anchor p and slot j, the position whose byte slot j is fed."""
-    return positions[:, None].to(device) + torch.arange(k, device=device)
+def slots(positions: torch.Tensor, k: int) -> torch.Tensor:
+    """[n, k]: p + j for anchor p and slot j, the position whose byte slot j is fed (on positions' device)."""
+    return positions[:, None] + torch.arange(k, device=positions.device)
 
 
 def window(input_ids: torch.Tensor, positions: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fed, target), each [B, n, k]: slot j of anchor p is fed x[p + j] and scored on x[p + j + 1]."""
-    index = slots(positions, k, input_ids.device)
+    index = slots(positions, k)
     return input_ids[:, index], input_ids[:, index + 1]
 
 
@@ -93,13 +94,13 @@ def dspark_term(
     """The DSpark term, mean over anchors and slots: 0.1 · CE(draft, x[p+j+1]) + 0.9 · ‖p_draft − p_teacher‖₁
     (DeepSpec's weights), the teacher being the model's own next-byte distribution at p + j, logits
     row p + j, detached. Exactly 0 when no window fits. `detach`: the term does not train the trunk."""
-    positions = anchors(input_ids.shape[1], head.k, stride)
+    positions = anchors(input_ids.shape[1], head.k, stride, hidden.device)
     if not len(positions):
         return torch.zeros((), device=hidden.device)
     fed, target = window(input_ids, positions, head.k)
-    h = hidden[:, positions.to(hidden.device)]
+    h = hidden[:, positions]
     draft = head(h.detach() if detach else h, fed).float()
-    teacher = logits[:, slots(positions, head.k, logits.device)]  # row p + j predicts x[p + j + 1]
+    teacher = logits[:, slots(positions, head.k)]  # row p + j predicts x[p + j + 1]
     ce = F.cross_entropy(draft.reshape(-1, VOCAB), target.reshape(-1))
     l1 = (draft.softmax(-1) - teacher.detach().float().softmax(-1)).abs().sum(-1).mean()
     return CE_WEIGHT * ce + L1_WEIGHT * l1

@@ -48,6 +48,10 @@ def apply(dtype: str) -> str:
     # the first cuBLAS handle is made, so set here, before any matmul; a user's own value is kept and shown.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
+    # That mode also fills every new tensor's memory with NaN by default, a kernel per allocation; measured
+    # at 51 -> 56.8 ms per T 256 B 64 step with it on. Nothing here reads memory it did not write: two
+    # processes repeat with the fill off (benches/logs/2026-12-03-h200-session7/).
+    torch.utils.deterministic.fill_uninitialized_memory = False
     return (
         f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}; "
         f"cuBLAS workspace {os.environ['CUBLAS_WORKSPACE_CONFIG']}; deterministic algorithms"
