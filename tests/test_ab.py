@@ -6,6 +6,7 @@ import math
 import statistics
 
 import pytest
+import torch
 
 from dormouse import config
 from dormouse.cli import main
@@ -239,6 +240,17 @@ def test_refusals_before_anything_runs(argv, message, tmp_path, capsys):
     assert main(["ab", *argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_arms_with_different_triton_precisions_are_refused_on_cuda(tmp_path, capsys, monkeypatch):
+    # Both arms train in one process, where Triton's fp32 precision is fixed (precision.apply): fp32's
+    # IEEE dots against bf16's TF32 ones would run one arm's kernels for both.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # for the config's resolve; nothing runs
+    argv = ["ab", "--a", "--dtype fp32", "--b", "--dtype bf16", "--device", "cuda", "--kda-backend", "chunked"]
+    argv += ["--norm-backend", "plain", "--out", str(tmp_path / "out")]  # fla's paths would import fla
+    assert main(argv) == 2
+    assert "arm A's dtype runs Triton's fp32 dots in ieee and arm B's in tf32" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -1,6 +1,8 @@
 """`--dtype` sets torch's and Triton's float32 precision for the process (dormouse/model/precision.py)."""
 
 import os
+import sys
+import types
 
 import pytest
 import torch
@@ -82,3 +84,15 @@ def test_committed_fla_pin_files_are_in_flas_format():
             key = json.dumps(entry["autotune_key"], separators=(",", ":"), sort_keys=True)
             assert hashlib.md5(key.encode()).hexdigest() == digest, (path.name, digest)
             assert {"kwargs", "num_warps", "num_stages", "num_ctas"} <= set(entry["config"])
+
+
+def test_triton_precision_cannot_change_once_triton_is_imported(monkeypatch):
+    # A kernel compiled for one input dtype under one precision is reused under another in one process
+    # (session 7: `--dtype fp32` ran fla's TF32 kernels after a TF32 run), so the change is refused.
+    precision.apply("bf16")  # before Triton's import: any change is still free
+    precision.apply("fp32")
+    precision.apply("bf16")
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
+    precision.apply("tf32")  # the same Triton precision as bf16's (TF32)
+    with pytest.raises(precision.PrecisionSwitchError, match="--dtype fp32 needs Triton fp32 dots in ieee"):
+        precision.apply("fp32")

@@ -7,6 +7,10 @@
 # 300 steps so the curve's bottom is seen. 1800 steps (~95 s of training) also leaves the 149 s wall-time
 # budget room for start-up. Three A/Bs, arm A (the candidate at 1800 steps) trained once and reused:
 #   weight decay 0.5, weight decay 1.0, weight decay 0.5 with dropout 0.3.
+# Not here, each owed a call with minutes to spare: tests/gpu/test_kda_fla.py in its new form (each dtype's
+# gate in a subprocess; fp32's IEEE kernels took 232 s to compile on a fresh machine), and fla's
+# causal_conv1d for the short conv (docs/performance.md: its depthwise kernels 5.5 ms of a 51 ms step, and
+# likely many of the 49 µs strided copies around them).
 V=.gpu-data/ts-val
 C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --steps 1800 --eval-every 300 --record"
 export TRITON_CACHE_BACK=1

@@ -11,7 +11,7 @@ On the CPU none of this changes anything (no TF32 there), so the CPU is always f
 Whatever the dtype, torch runs in deterministic mode (`torch.use_deterministic_algorithms`): an op with a
 non-deterministic CUDA kernel runs its deterministic one, and an op that has none raises. Without it the
 byte embedding's gradient (atomic adds on CUDA) differed between two processes of one config from the
-first step (benches/logs/2026-12-03-h200-session7/probe/), and the runs parted.
+first step (benches/logs/2026-12-03-h200-session7/probe-call2/), and the runs parted.
 """
 
 import contextlib
@@ -19,6 +19,8 @@ import os
 import sys
 
 import torch
+
+from dormouse.errors import DormouseError
 
 DTYPES = ("fp32", "tf32", "bf16")
 # Triton's own default is TF32; for it the variable is left unset, because Triton hashes the variable
@@ -29,11 +31,33 @@ _FLOAT32 = {"fp32": ("highest", "ieee"), "tf32": ("high", None), "bf16": ("high"
 CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's documented setting for the same bits on every stream
 
 
+def triton_fp32(dtype: str) -> str:
+    """How Triton's fp32 dot products run under `dtype`: ieee or tf32."""
+    return _FLOAT32[dtype][1] or "tf32"
+
+
+class PrecisionSwitchError(DormouseError):
+    """Triton's fp32 dot precision asked to change in a process that has imported Triton."""
+
+
+_triton_set: list[str | None] = []  # the Triton fp32 precision of this process's last apply(), if any
+
+
 def apply(dtype: str) -> str:
-    """Set torch's and Triton's float32 precision for `dtype`; returns a line for the run header."""
+    """Set torch's and Triton's float32 precision for `dtype`; returns a line for the run header.
+
+    Once Triton is imported, its fp32 precision is fixed for the process: a kernel compiled for one
+    input dtype under one precision is reused under another (session 7: `--dtype fp32` ran fla's TF32
+    kernels after a TF32 run in the same process), so a change raises instead of running the old one."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
     torch_precision, triton_precision = _FLOAT32[dtype]
+    if "triton" in sys.modules and _triton_set and _triton_set[0] != triton_precision:
+        raise PrecisionSwitchError(
+            f"--dtype {dtype} needs Triton fp32 dots in {triton_precision or 'tf32'}, but this process "
+            f"imported Triton under {_triton_set[0] or 'tf32'}: run it in a process of its own"
+        )
+    _triton_set[:] = [triton_precision]
     torch.set_float32_matmul_precision(torch_precision)
     if triton_precision is None:
         os.environ.pop("TRITON_F32_DEFAULT", None)

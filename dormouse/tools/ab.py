@@ -48,6 +48,7 @@ from dormouse.data.sampler import heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import heldout_score
+from dormouse.model import precision
 from dormouse.tools.ab_stats import paired_difference
 from dormouse.tools.bench import (
     _cell,
@@ -136,6 +137,12 @@ def arm_configs(args: argparse.Namespace) -> dict[str, Config]:
         )
     if cfgs["a"].to_dict() == cfgs["b"].to_dict():
         raise ConfigError(f"--a {args.a!r} and --b {args.b!r} resolve to the same config: nothing to compare")
+    dots = {arm: precision.triton_fp32(cfgs[arm].train.dtype) for arm in ARMS}
+    if cfgs["a"].train.device == "cuda" and dots["a"] != dots["b"]:
+        raise ConfigError(
+            f"arm A's dtype runs Triton's fp32 dots in {dots['a']} and arm B's in {dots['b']}; the arms train in "
+            "one process, where that precision is fixed (precision.apply): compare them with two `dormouse train` runs"
+        )
     return cfgs
 
 

@@ -1,12 +1,16 @@
 """fla's chunk_kda against the float64 recurrence on CUDA (gate 5); skipped without CUDA or fla.
 
 The comparison lives in benches/kda_gpu_gate.py, which prints the same numbers as a table. Error of a
-tensor: max|x - ref| / max|ref|; tolerances 1e-2 (bf16) and 1e-3 (fp32, tf32). Each dtype sets the
-process's float32 precision (dormouse.model.precision) before its kernels compile, so run this file
-in its own process; fp32 means IEEE fp32 dots in fla's Triton kernels.
+tensor: max|x - ref| / max|ref|; tolerances 1e-2 (bf16) and 1e-3 (fp32, tf32). Each dtype's gate runs
+in a process of its own: Triton's fp32 precision is fixed per process (precision.apply refuses a
+change; before it did, `--dtype fp32` here ran TF32 kernels compiled by earlier GPU tests). fp32 means
+IEEE fp32 dots in fla's Triton kernels.
 """
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,18 +29,19 @@ from dormouse import counters, rng  # noqa: E402
 from dormouse.model import precision  # noqa: E402
 from dormouse.model.kda import KDALayer  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "kda_gpu_gate", Path(__file__).resolve().parents[2] / "benches" / "kda_gpu_gate.py"
-)
+GATE = Path(__file__).resolve().parents[2] / "benches" / "kda_gpu_gate.py"
+_spec = importlib.util.spec_from_file_location("kda_gpu_gate", GATE)
 gate = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gate)
 
 
 @pytest.fixture(scope="module", params=["bf16", "fp32", "tf32"])
-def fla_errors(request):
-    precision.apply(request.param)
-    errors, _, _ = gate.compare_fla(request.param)
-    return request.param, errors
+def fla_errors(request, tmp_path_factory):
+    report = tmp_path_factory.mktemp("gate") / f"{request.param}.json"
+    # Exit status 1 means a tensor over the gate: the test below names it; no report means it crashed.
+    run = subprocess.run([sys.executable, str(GATE), "--dtype", request.param, "--out", str(report)])
+    assert report.exists(), f"the gate crashed (exit {run.returncode})"
+    return request.param, json.loads(report.read_text())["errors"]
 
 
 @pytest.mark.parametrize("tensor", ["o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"])
@@ -46,8 +51,9 @@ def test_fla_matches_float64_recurrence(fla_errors, tensor):
 
 
 def test_layer_on_cuda_runs_fla_and_matches_chunked():
-    # The gate's B, T, H, K: fla's kernel choices for it are then already made.
-    precision.apply("fp32")
+    # The gate's B, T, H, K: fla's kernel choices for it are then already made. TF32 dots, as the other
+    # GPU tests in this process run them (IEEE fp32 is the gate's, in its own process).
+    precision.apply("tf32")
     layer = KDALayer(128, 8, 64, generator=rng.generator(0, 0, "init")).cuda()
     x = torch.randn(10, 512, 128, generator=rng.generator(0, 0, "test")).cuda()
     counters.KDA.reset()
@@ -57,4 +63,6 @@ def test_layer_on_cuda_runs_fla_and_matches_chunked():
     for name, params in layer.param_groups().items():
         assert all(p.grad is not None and p.grad.abs().max() > 0 for p in params), name
     layer.backend = "chunked"
-    assert gate.rel_err(layer(x).detach(), y.detach().double()) <= gate.TOLERANCE["fp32"]
+    # TF32 dots put fla's KDA at up to 1.35e-3 of the float64 recurrence (docs/known-issues.md): a
+    # wiring check at bf16's tolerance; the gate above holds fp32 to 1e-3.
+    assert gate.rel_err(layer(x).detach(), y.detach().double()) <= gate.TOLERANCE["bf16"]
