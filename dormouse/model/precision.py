@@ -54,7 +54,7 @@ def apply(dtype: str) -> str:
     torch_precision, triton_precision = _FLOAT32[dtype]
     if "triton" in sys.modules and _triton_set and _triton_set[0] != triton_precision:
         raise PrecisionSwitchError(
-            f"--dtype {dtype} needs Triton fp32 dots in {triton_precision or 'tf32'}, but this process "
+            f"--dtype {dtype} needs Triton fp32 dots in {triton_fp32(dtype)}, but this process "
             f"imported Triton under {_triton_set[0] or 'tf32'}: run it in a process of its own"
         )
     _triton_set[:] = [triton_precision]
@@ -72,9 +72,9 @@ def apply(dtype: str) -> str:
     # the first cuBLAS handle is made, so set here, before any matmul; a user's own value is kept and shown.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
-    # That mode also fills every new tensor's memory with NaN by default, a kernel per allocation; measured
-    # at 51 -> 56.8 ms per T 256 B 64 step with it on. Nothing here reads memory it did not write: two
-    # processes repeat with the fill off (benches/logs/2026-12-03-h200-session7/).
+    # That mode also fills every new tensor's memory with NaN by default, a kernel per allocation: 51 ->
+    # 56.8 ms per T 256 B 64 step with it on. Off, no read of unwritten memory showed: two processes still
+    # repeat every gradient and weight (benches/logs/2026-12-03-h200-session7/probe-call4/).
     torch.utils.deterministic.fill_uninitialized_memory = False
     return (
         f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}; "
