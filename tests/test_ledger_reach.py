@@ -84,6 +84,17 @@ def norm_fused_unavailable(tmp: Path, monkeypatch) -> None:
     resolve_norm_backend("fused", torch.device("cpu"))
 
 
+def precision_triton_switch(tmp: Path, monkeypatch) -> None:
+    import sys
+    import types
+
+    from dormouse.model import precision
+
+    precision.apply("bf16")
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))  # as if its kernels had compiled
+    precision.apply("fp32")
+
+
 def _memory(mode: str):
     from dormouse.model.memory import PersistentMemory
 
@@ -121,6 +132,7 @@ TRIGGERS = {
     "data.shard_hash_mismatch": data_shard_hash_mismatch,
     "kda.fla_unavailable": kda_fla_unavailable,
     "norm.fused_unavailable": norm_fused_unavailable,
+    "precision.triton_switch": precision_triton_switch,
     "memory.skipped": memory_skipped,
     "memory.enforced": memory_enforced,
     "fla.unpinned": fla_unpinned,

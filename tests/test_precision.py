@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from dormouse import config
+from dormouse import config, ledger
 from dormouse.errors import ConfigError
 from dormouse.model import fla_kernels, precision
 
@@ -94,5 +94,5 @@ def test_triton_precision_cannot_change_once_triton_is_imported(monkeypatch):
     precision.apply("bf16")
     monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
     precision.apply("tf32")  # the same Triton precision as bf16's (TF32)
-    with pytest.raises(precision.PrecisionSwitchError, match="--dtype fp32 needs Triton fp32 dots in ieee"):
+    with pytest.raises(ledger.FallbackRefused, match="--dtype fp32 needs Triton fp32 dots in ieee"):
         precision.apply("fp32")

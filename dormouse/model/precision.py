@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from dormouse.errors import DormouseError
+from dormouse import ledger
 
 DTYPES = ("fp32", "tf32", "bf16")
 # Triton's own default is TF32; for it the variable is left unset, because Triton hashes the variable
@@ -36,10 +36,13 @@ def triton_fp32(dtype: str) -> str:
     return _FLOAT32[dtype][1] or "tf32"
 
 
-class PrecisionSwitchError(DormouseError):
-    """Triton's fp32 dot precision asked to change in a process that has imported Triton."""
-
-
+TRITON_SWITCH = ledger.register(
+    "precision.triton_switch",
+    ledger.Kind.LOUD,
+    "another --dtype's Triton fp32 precision asked for in a process that imported Triton: its kernels compiled "
+    "under the first precision would run",
+    __name__,
+)
 _triton_set: list[str | None] = []  # the Triton fp32 precision of this process's last apply(), if any
 
 
@@ -53,9 +56,10 @@ def apply(dtype: str) -> str:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
     torch_precision, triton_precision = _FLOAT32[dtype]
     if "triton" in sys.modules and _triton_set and _triton_set[0] != triton_precision:
-        raise PrecisionSwitchError(
+        raise ledger.refuse(
+            TRITON_SWITCH,
             f"--dtype {dtype} needs Triton fp32 dots in {triton_fp32(dtype)}, but this process "
-            f"imported Triton under {_triton_set[0] or 'tf32'}: run it in a process of its own"
+            f"imported Triton under {_triton_set[0] or 'tf32'}: run it in a process of its own",
         )
     _triton_set[:] = [triton_precision]
     torch.set_float32_matmul_precision(torch_precision)
