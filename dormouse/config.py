@@ -51,6 +51,12 @@ class ModelConfig:
         "RMSNorm path; auto = fla's fused kernel on CUDA, plain torch on CPU",
         choices=("auto", "fused", "plain"),
     )
+    conv_backend: str = _f(
+        "auto",
+        "KDA's short conv (+ SiLU) path; auto = fla's fused causal_conv1d on CUDA, torch's conv1d on CPU; "
+        "a decode step, which carries the conv's state, runs torch's",
+        choices=("auto", "fused", "plain"),
+    )
     n_experts: int = _f(1, "FFN experts; 1 = the dense SwiGLU, >1 = top-k mixture of experts", lo=1, hi=64)
     experts_top_k: int = _f(1, "experts each byte is routed to (≤ n_experts)", lo=1)
     moe_balance_weight: float = _f(0.01, "weight of the experts' load-balancing term in the loss", lo=0.0)
@@ -425,6 +431,10 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         from dormouse.model.kda import resolve_kda_backend  # the one policy; it raises through the ledger
 
         m.kda_backend = resolve_kda_backend(m.kda_backend, t.device)
+        if m.short_conv:
+            from dormouse.model.short_conv import resolve_conv_backend  # raises through the ledger
+
+            m.conv_backend = resolve_conv_backend(m.conv_backend, t.device)
     from dormouse.model.norm import resolve_norm_backend  # raises through the ledger
 
     m.norm_backend = resolve_norm_backend(m.norm_backend, t.device)

@@ -1,4 +1,4 @@
-"""Kernel-path counters shown on the eval line (`kda=<fused>/<calls>`, `norm=<fused>/<calls>`).
+"""Kernel-path counters shown on the eval line (`kda=<fused>/<calls>`, `norm=…`, `conv=…`).
 
 Every call of a dispatched op records whether the fused path ran, so nobody can believe a kernel
 runs when it does not. The trainer prints and resets them at each eval.
@@ -25,3 +25,33 @@ class CallCounter:
 
 KDA = CallCounter()
 NORM = CallCounter()
+CONV = CallCounter()
+ALL = {"kda": KDA, "norm": NORM, "conv": CONV}  # in eval-line order
+
+
+def reset_all() -> None:
+    for counter in ALL.values():
+        counter.reset()
+
+
+def line() -> str:
+    """`kda=<fused>/<calls> norm=… conv=…`: what the bench's kernels column holds."""
+    return " ".join(f"{name}={counter}" for name, counter in ALL.items())
+
+
+def snapshot() -> dict[str, tuple[int, int]]:
+    """Every counter's (fused, calls) now."""
+    return {name: (c.fused, c.calls) for name, c in ALL.items()}
+
+
+def restore(counts: dict[str, tuple[int, int]]) -> None:
+    """Set every counter back to a `snapshot`."""
+    for name, (fused, calls) in counts.items():
+        ALL[name].fused, ALL[name].calls = fused, calls
+
+
+def add(counts: dict[str, tuple[int, int]]) -> None:
+    """Add (fused, calls) per counter: what a replayed CUDA graph's captured step counted."""
+    for name, (fused, calls) in counts.items():
+        ALL[name].fused += fused
+        ALL[name].calls += calls

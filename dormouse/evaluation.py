@@ -152,8 +152,7 @@ def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, dept
         "tokens": tokens,
         "heldout_bytes": held.bytes,
         "ms_per_step": ms_per_step,
-        "kda": str(counters.KDA),
-        "norm": str(counters.NORM),
+        **{name: str(counter) for name, counter in counters.ALL.items()},
         "engram": held.engram,
         "depth": depth,
         **{name: held.aux.get(name, "off") for name in AUX_TERMS},
@@ -182,7 +181,7 @@ def _fmt(value) -> str:
 
 
 def eval_line(record: dict) -> str:
-    keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", "kda", "norm", "engram", "depth")
+    keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", *counters.ALL, "engram", "depth")
     keys += (*AUX_TERMS, "fallbacks")
     keys += ("wall_s",) if "wall_s" in record else ()  # a training run's; `dormouse eval` has none
     fields = " ".join(f"{k}={_fmt(record[k])}" for k in keys)

@@ -84,6 +84,12 @@ def norm_fused_unavailable(tmp: Path, monkeypatch) -> None:
     resolve_norm_backend("fused", torch.device("cpu"))
 
 
+def conv_fused_unavailable(tmp: Path, monkeypatch) -> None:
+    from dormouse.model.short_conv import resolve_conv_backend
+
+    resolve_conv_backend("fused", torch.device("cpu"))
+
+
 def precision_triton_switch(tmp: Path, monkeypatch) -> None:
     import sys
     import types
@@ -132,6 +138,7 @@ TRIGGERS = {
     "data.shard_hash_mismatch": data_shard_hash_mismatch,
     "kda.fla_unavailable": kda_fla_unavailable,
     "norm.fused_unavailable": norm_fused_unavailable,
+    "conv.fused_unavailable": conv_fused_unavailable,
     "precision.triton_switch": precision_triton_switch,
     "memory.skipped": memory_skipped,
     "memory.enforced": memory_enforced,

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # Planned first device call of the next session (not run yet). Write .device-commit first; carry .whl,
 # .gpu-data (ts-val = prepare --heldout-tail 0.1 --validation-tail 0.1), .device-commit and .triton-cache.
-# Runs now repeat across processes (session 7), so one-seed deltas are seed noise only. Weight decay 0.5
-# reached its lowest validation bpb at step 1800 of 2400 and then rose (2.088 -> 2.095), the candidate
-# still fell: the next question is weight decay at a budget where nothing has turned yet, with evals every
-# 300 steps so the curve's bottom is seen. 1800 steps (~95 s of training) also leaves the 149 s wall-time
-# budget room for start-up. Three A/Bs, arm A (the candidate at 1800 steps) trained once and reused:
-#   weight decay 0.5, weight decay 1.0, weight decay 0.5 with dropout 0.3.
-# Not here, each owed a call with minutes to spare: tests/gpu/test_kda_fla.py in its new form (each dtype's
-# gate in a subprocess; fp32's IEEE kernels took 232 s to compile on a fresh machine), and fla's
-# causal_conv1d for the short conv (docs/performance.md: its depthwise kernels 5.5 ms of a 51 ms step, and
-# likely many of the 49 µs strided copies around them).
+# The short conv now runs fla's causal_conv1d on CUDA (--conv-backend fused by default), never yet on a GPU:
+#  1. Its GPU test (fused == plain, fp32 and bf16, outputs, tail and gradients; a model runs every conv
+#     fused), then the graphed-step test (graph == eager with the new kernel inside the capture).
+#  2. Its speed, and its kernel choices dumped for the pin: `small` B 10 T 512 --cuda-graph (the speed
+#     goal; 23.3 ms with torch's conv) and the candidate's shape (51.4 ms), each with --conv-backend plain
+#     beside it in the same call for the ratio.
+#  3. Where a warm start's 9-17 s of `import fla.ops.kda` go (the 10 s warm-start goal): Python's
+#     -X importtime of dormouse's own fla import, the 25 slowest modules (cumulative) kept.
+# Back here: collect_session merges the new kernels' choices into the pin; commit before any A/B (until
+# then each process picks them by timing and runs may not repeat). Then next-h200-call2.sh.
+# Owed a call with minutes to spare: tests/gpu/test_kda_fla.py in its new form (fp32's IEEE kernels
+# took 232 s to compile on a fresh machine).
 V=.gpu-data/ts-val
-C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --steps 1800 --eval-every 300 --record"
+S="--preset small --batch-size 10 --seq-len 512 --dtype bf16 --cuda-graph --data $V"
+C="--config configs/tinyshakespeare.toml --data $V"
 export TRITON_CACHE_BACK=1
-ab() {  # name, arm B's flags, extra ab flags
-  echo "python3 -m dormouse ab $C --a '' --b '$2' $3 --out /tmp/$1 > \$OUT/$1.log 2>&1; cp /tmp/$1/ab.json \$OUT/$1.json; for a in a b; do cp /tmp/$1/\$a/seed-0/metrics.jsonl \$OUT/$1.\$a.metrics.jsonl 2>/dev/null; done; grep -a -E '^(overall|ms/step)' \$OUT/$1.log | cut -c1-150"
-}
 exec bash benches/gpu_session.sh \
-  "$(ab ab1800-wd05 '--weight-decay 0.5')" \
-  "$(ab ab1800-wd1 '--weight-decay 1.0' '--reuse-a /tmp/ab1800-wd05')" \
-  "$(ab ab1800-wd05-drop3 '--weight-decay 0.5 --dropout 0.3' '--reuse-a /tmp/ab1800-wd05')"
+  "python3 -m pytest -v --durations=0 tests/gpu/test_conv_fused.py tests/gpu/test_graphed_step.py > \$OUT/test-conv.log 2>&1; grep -a -E 'PASS|FAIL|passed|failed|^E ' \$OUT/test-conv.log | cut -c1-160 | tail -20" \
+  "for b in fused plain; do python3 -m dormouse bench $S --conv-backend \$b --note \"short conv \$b\" > \$OUT/bench-small-\$b.log 2>&1; grep -a -E 'ms_per_step|first_step|kernels' \$OUT/bench-small-\$b.log; done" \
+  "for b in fused plain; do python3 -m dormouse bench $C --conv-backend \$b --note \"candidate shape, short conv \$b\" > \$OUT/bench-cand-\$b.log 2>&1; grep -a -E 'ms_per_step|kernels' \$OUT/bench-cand-\$b.log; done" \
+  "python3 -X importtime -c 'from dormouse.model import fla_kernels; fla_kernels.chunk_kda(); fla_kernels.causal_conv1d()' 2> \$OUT/importtime.txt; sort -t'|' -k2 -n -r \$OUT/importtime.txt | head -25"

@@ -124,6 +124,13 @@ def rms_norm() -> tuple[Callable | None, str]:
     return _opaque(*_import("fla.modules.norm.layernorm", "rms_norm"))
 
 
+@functools.cache
+def causal_conv1d() -> tuple[Callable | None, str]:
+    """fla's causal depthwise conv over [B, T, D] (a Triton kernel with its own backward, activation fused),
+    or None and why not. Opaque to torch.compile (see `_opaque`)."""
+    return _opaque(*_import("fla.modules.causal_conv1d", "causal_conv1d"))
+
+
 def _opaque(fn: Callable | None, why: str) -> tuple[Callable | None, str]:
     """`fn` behind torch.compiler.disable: under torch.compile the graph breaks around fla's op and calls
     it eagerly, instead of dynamo tracing fla's autograd Function and its autotuned Triton launchers

@@ -22,6 +22,7 @@ from dormouse import counters, ledger
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
+from dormouse.model.short_conv import ShortConv
 
 FLA_UNAVAILABLE = ledger.register(
     "kda.fla_unavailable",
@@ -241,24 +242,6 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-class ShortConv(nn.Module):
-    """Causal depthwise conv over time; returns the last `size - 1` inputs so decoding can go on."""
-
-    def __init__(self, channels: int, size: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(channels, 1, size))
-
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B,T,C], state [B,size-1,C] (None: zeros) -> (y [B,T,C], new state)."""
-        B, _, C = x.shape
-        keep = self.weight.shape[-1] - 1
-        if state is None:
-            state = x.new_zeros(B, keep, C)
-        xs = torch.cat([state.to(x.dtype), x], dim=1)
-        y = F.conv1d(xs.transpose(1, 2), self.weight.to(x.dtype), groups=C).transpose(1, 2)
-        return y, xs[:, xs.shape[1] - keep :]
-
-
 @dataclass
 class KDACache:
     """What one layer carries between calls: pre-conv q/k/v tails (None without short conv), state."""
@@ -376,7 +359,9 @@ class KDALayer(nn.Module):
             cq, ck, cv = (None, None, None) if cache is None else cache.conv
             (q, cq), (k, ck), (v, cv) = self.q_conv(q, cq), self.k_conv(k, ck), self.v_conv(v, cv)
             conv_state = (cq, ck, cv)
-        q, k, v = (F.silu(t).view(B, T, H, K) for t in (q, k, v))
+        else:  # the convs end in SiLU (fused into fla's kernel); without them the projections get it here
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
         b = self.b_proj(x)
         # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so
         # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.

@@ -38,6 +38,7 @@ from dormouse.model.kda import KDALayer
 from dormouse.model.loop import LoopPlan, MoRRouter, Stream, check_exit, top1_probability
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm, set_norm_backend
+from dormouse.model.short_conv import set_conv_backend
 
 VOCAB = 256
 ENGRAM_FILE = "engram"  # the checkpoint file (stem) of the engram tables and their optimizer state
@@ -175,6 +176,7 @@ class DormouseLM(nn.Module):
         self.draft = DraftHead(d, cfg.dspark_k, eps=cfg.norm_eps, generator=gen) if cfg.dspark_weight else None
         self.jepa = Predictor(d, eps=cfg.norm_eps, generator=gen) if cfg.jepa_weight else None
         set_norm_backend(self, cfg.norm_backend)
+        set_conv_backend(self, cfg.conv_backend)
 
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
 

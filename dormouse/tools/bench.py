@@ -63,7 +63,7 @@ MFU = flops_per_step / (ms_per_step / 1000) / peak. The peak (`peak_tflops`, `pe
 Peak memory: on CUDA torch.cuda.max_memory_allocated (reset before each model is built); on the CPU
 resource.getrusage(RUSAGE_SELF).ru_maxrss, the whole process's peak resident set (Python, torch and
 the model together, and under `--baselines` the models benched before it). `mem_source` says which.
-The kernel counters (counters.KDA, counters.NORM) over the timed steps go in the `kernels` column
+The kernel counters (counters.ALL) over the timed steps go in the `kernels` column
 (`-` for a baseline) and the log; under `--compile` they are Python side
 effects that dynamo replays, breaks on or recompiles for, so the log adds torch._dynamo's counters.
 On a shared CPU the 1-minute load average at start and end is recorded (`loadavg`): a loaded
@@ -568,13 +568,13 @@ def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
                 "replayed, break the graph or force recompiles; see the step times and the dynamo stats below)"
             )
         log.append(f"---- {warmup} warm-up step(s), then {steps} timed step(s)")
-        counters.KDA.reset(), counters.NORM.reset()
+        counters.reset_all()
         ledger.COUNTS.clear()
         times = _time_steps(trainer.train_step, 0, warmup, "warmup", device, log)
-        counts = {"warmup": f"kda={counters.KDA} norm={counters.NORM}"}
-        counters.KDA.reset(), counters.NORM.reset()
+        counts = {"warmup": counters.line()}
+        counters.reset_all()
         times += _time_steps(trainer.train_step, warmup, steps, "timed", device, log)
-        counts["timed"] = f"kda={counters.KDA} norm={counters.NORM}"
+        counts["timed"] = counters.line()
         fallbacks = ledger.counted_summary()
         dynamo = _dynamo_stats() if session.compiled else None
         if session.compiled and not _graphs_compiled():

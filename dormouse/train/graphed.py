@@ -42,34 +42,30 @@ class CountSnapshot:
     """The kernel-path counters and ledger counts at one moment; `since` gives what happened after it."""
 
     def __init__(self):
-        self.kda = (counters.KDA.fused, counters.KDA.calls)
-        self.norm = (counters.NORM.fused, counters.NORM.calls)
+        self.counts = counters.snapshot()
         self.ledger = dict(ledger.COUNTS)
 
     def restore(self) -> None:
-        counters.KDA.fused, counters.KDA.calls = self.kda
-        counters.NORM.fused, counters.NORM.calls = self.norm
+        counters.restore(self.counts)
         ledger.COUNTS.clear()
         ledger.COUNTS.update(self.ledger)
 
     def since(self) -> "CountDelta":
         now = CountSnapshot()
-        kda = tuple(b - a for a, b in zip(self.kda, now.kda, strict=True))
-        norm = tuple(b - a for a, b in zip(self.norm, now.norm, strict=True))
-        return CountDelta(kda, norm, {k: v - self.ledger.get(k, 0) for k, v in now.ledger.items()})
+        delta = {
+            name: tuple(b - a for a, b in zip(self.counts[name], now.counts[name], strict=True)) for name in now.counts
+        }
+        return CountDelta(delta, {k: v - self.ledger.get(k, 0) for k, v in now.ledger.items()})
 
 
 class CountDelta:
     """What one captured step counted; `replay` adds it once more."""
 
-    def __init__(self, kda: tuple[int, int], norm: tuple[int, int], ledger_counts: dict[str, int]):
-        self.kda, self.norm, self.ledger = kda, norm, {k: v for k, v in ledger_counts.items() if v}
+    def __init__(self, counts: dict[str, tuple[int, int]], ledger_counts: dict[str, int]):
+        self.counts, self.ledger = counts, {k: v for k, v in ledger_counts.items() if v}
 
     def replay(self) -> None:
-        counters.KDA.fused += self.kda[0]
-        counters.KDA.calls += self.kda[1]
-        counters.NORM.fused += self.norm[0]
-        counters.NORM.calls += self.norm[1]
+        counters.add(self.counts)
         for name, n in self.ledger.items():
             ledger.COUNTS[name] += n
 

@@ -150,8 +150,11 @@ class Trainer:
         self.log(f"device: {self.device} dtype={t.dtype} torch={torch.__version__}; {self.precision_note}")
         backend = m.kda_backend if m.mixer == "kda" else "off (attention mixer)"
         norm = {"fused": "fused (fla rms_norm)", "plain": "plain (torch rms_norm)"}[m.norm_backend]
-        self.log(f"kernels: kda={backend} norm={norm}")
-        if backend == "fla" or m.norm_backend == "fused":
+        conv = "off"
+        if m.mixer == "kda" and m.short_conv:
+            conv = {"fused": "fused (fla causal_conv1d)", "plain": "plain (torch conv1d)"}[m.conv_backend]
+        self.log(f"kernels: kda={backend} norm={norm} conv={conv}")
+        if backend == "fla" or "fused" in (m.norm_backend, conv[:5]):
             self.log(fla_kernels.pin_note())
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
         self.log(describe(self.groups))
@@ -321,7 +324,7 @@ class Trainer:
         )
         record["wall_s"] = time.monotonic() - dormouse.IMPORTED  # start-up and compiling included
         self.depths = []
-        counters.KDA.reset(), counters.NORM.reset()
+        counters.reset_all()
         ledger.COUNTS.clear()
         if self.world.is_main:
             append_jsonl(self.run / "metrics.jsonl", record)
