@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from dormouse import config, counters, ledger
-from dormouse.model import fla_kernels
 from dormouse.model.model import DormouseLM
-from dormouse.model.norm import RMSNorm, resolve_norm_backend, set_norm_backend
+from dormouse.model.norm import RMSNorm, set_norm_backend
 
 
 def test_plain_matches_the_formula_in_float64():
@@ -22,14 +21,6 @@ def test_plain_matches_the_formula_in_float64():
     assert torch.allclose(norm(x), expected, rtol=0, atol=1e-15)
 
 
-def test_policy_names():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_norm_backend("auto", cpu) == "plain"
-    assert resolve_norm_backend("plain", cuda) == "plain"
-    with pytest.raises(ValueError, match="unknown norm backend"):
-        resolve_norm_backend("apex", cpu)
-
-
 def test_fused_on_cpu_is_refused_through_the_ledger():
     assert ledger.SITES["norm.fused_unavailable"].kind is ledger.Kind.LOUD
     norm = RMSNorm(4)
@@ -37,14 +28,6 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
     with pytest.raises(ledger.FallbackRefused, match="--norm-backend plain") as err:
         norm(torch.ones(2, 4))
     assert err.value.site == "norm.fused_unavailable"
-
-
-def test_auto_on_cuda_without_fla_is_refused(monkeypatch):
-    # Only the device type and the import are consulted, so this runs without a GPU.
-    monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
-    for requested in ("auto", "fused"):
-        with pytest.raises(ledger.FallbackRefused, match="install the extra `gpu`"):
-            resolve_norm_backend(requested, torch.device("cuda"))
 
 
 def test_config_resolves_and_the_model_sets_every_norm():

@@ -10,7 +10,7 @@ import torch
 from dormouse import config, counters, ledger
 from dormouse.model import fla_kernels, short_conv
 from dormouse.model.model import DormouseLM
-from dormouse.model.short_conv import ShortConv, resolve_conv_backend, set_conv_backend
+from dormouse.model.short_conv import ShortConv, set_conv_backend
 
 
 def loop_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -55,14 +55,6 @@ def test_carried_state_continues_the_sequence():
     assert torch.equal(short_tail, torch.cat([torch.zeros(2, 1, 3), x[:, :2]], 1))
 
 
-def test_policy_names():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_conv_backend("auto", cpu) == "plain"
-    assert resolve_conv_backend("plain", cuda) == "plain"
-    with pytest.raises(ValueError, match="unknown conv backend"):
-        resolve_conv_backend("cudnn", cpu)
-
-
 def test_fused_on_cpu_is_refused_through_the_ledger():
     assert ledger.SITES["conv.fused_unavailable"].kind is ledger.Kind.LOUD
     conv = make_conv()
@@ -70,14 +62,6 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
     with pytest.raises(ledger.FallbackRefused, match="--conv-backend plain") as err:
         conv(torch.ones(1, 5, 3), None)
     assert err.value.site == "conv.fused_unavailable"
-
-
-def test_auto_on_cuda_without_fla_is_refused(monkeypatch):
-    # Only the device type and the import are consulted, so this runs without a GPU.
-    monkeypatch.setattr(fla_kernels, "causal_conv1d", lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
-    for requested in ("auto", "fused"):
-        with pytest.raises(ledger.FallbackRefused, match="install the extra `gpu`"):
-            resolve_conv_backend(requested, torch.device("cuda"))
 
 
 def test_the_fused_path_hands_fla_its_layout_and_keeps_the_tail(monkeypatch):

@@ -1,8 +1,8 @@
 """Normalisation layers. One RMSNorm; the gated output norm of the KDA layer is built on it.
 
 Two paths compute the same function: `plain` (torch's F.rms_norm in fp32, any device) and `fused`
-(fla's Triton RMSNorm, CUDA only, with its own backward). `resolve_norm_backend` is the one policy,
-applied per call on the input's device (auto: fused on CUDA, plain elsewhere); the model sets the
+(fla's Triton RMSNorm, CUDA only, with its own backward). `resolve_norm_backend` applies
+`fused_or_plain`'s policy per call on the input's device (auto: fused on CUDA, plain elsewhere); the model sets the
 configured name on every RMSNorm it owns (`set_norm_backend`), and every call is counted in
 counters.NORM so the eval line's `norm=<fused>/<calls>` says which path ran.
 """
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse import counters, ledger
-from dormouse.model import fla_kernels
+from dormouse.model import fla_kernels, fused_or_plain
 
-NORM_BACKENDS = ("auto", "fused", "plain")
+NORM_BACKENDS = fused_or_plain.CHOICES
 FUSED_UNAVAILABLE = ledger.register(
     "norm.fused_unavailable",
     ledger.Kind.LOUD,
@@ -25,23 +25,14 @@ FUSED_UNAVAILABLE = ledger.register(
 
 def resolve_norm_backend(requested: str, device: torch.device | str) -> str:
     """The path RMSNorm runs for `requested` on `device`: "fused" or "plain"."""
-    if requested not in NORM_BACKENDS:
-        raise ValueError(f"unknown norm backend {requested!r}; choose one of {NORM_BACKENDS}")
-    device = torch.device(device)
-    if requested == "plain" or (requested == "auto" and device.type != "cuda"):
-        return "plain"
-    if device.type != "cuda":
-        raise ledger.refuse(
-            FUSED_UNAVAILABLE, f"norm backend 'fused' needs CUDA, got device {device}; pass --norm-backend plain"
-        )
-    fn, why = fla_kernels.rms_norm()
-    if fn is None:
-        raise ledger.refuse(
-            FUSED_UNAVAILABLE,
-            f"norm backend {requested!r} on {device} needs fla-core 0.6.0 (fla.modules.norm.layernorm.rms_norm), "
-            f"which is not importable ({why}); install the extra `gpu` or pass --norm-backend plain",
-        )
-    return "fused"
+    return fused_or_plain.resolve(
+        requested,
+        device,
+        flag="--norm-backend",
+        site=FUSED_UNAVAILABLE,
+        kernel=fla_kernels.rms_norm,  # looked up per call: the tests stand in for it
+        needs="fla.modules.norm.layernorm.rms_norm",
+    )
 
 
 class RMSNorm(nn.Module):

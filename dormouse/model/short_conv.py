@@ -4,8 +4,8 @@ Two paths compute the same function: `plain` (torch's depthwise F.conv1d, any de
 Triton causal_conv1d with the SiLU in its kernel, CUDA only, with its own backward). `fused` works on
 the [B, T, C] layout the projections give, where torch's conv needs [B, C, T]: on the H200 the profile
 of a T 256 B 64 step showed 5.5 ms of its 51 in torch's depthwise kernels, beside the transposes
-(docs/performance.md). `resolve_conv_backend` is the one policy (auto: fused on CUDA, plain
-elsewhere); the model sets the configured name on every ShortConv (`set_conv_backend`).
+(docs/performance.md). `resolve_conv_backend` applies `fused_or_plain`'s policy (auto: fused on
+CUDA, plain elsewhere); the model sets the configured name on every ShortConv (`set_conv_backend`).
 
 The fused path covers every forward that starts with no carried state: training, evaluation, a
 prompt's prefill. A decode step, which starts from the state, runs the plain path whatever the backend
@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse import counters, ledger
-from dormouse.model import fla_kernels
+from dormouse.model import fla_kernels, fused_or_plain
 
-CONV_BACKENDS = ("auto", "fused", "plain")
+CONV_BACKENDS = fused_or_plain.CHOICES
 FUSED_UNAVAILABLE = ledger.register(
     "conv.fused_unavailable",
     ledger.Kind.LOUD,
@@ -32,23 +32,14 @@ FUSED_UNAVAILABLE = ledger.register(
 
 def resolve_conv_backend(requested: str, device: torch.device | str) -> str:
     """The path ShortConv runs for `requested` on `device`: "fused" or "plain"."""
-    if requested not in CONV_BACKENDS:
-        raise ValueError(f"unknown conv backend {requested!r}; choose one of {CONV_BACKENDS}")
-    device = torch.device(device)
-    if requested == "plain" or (requested == "auto" and device.type != "cuda"):
-        return "plain"
-    if device.type != "cuda":
-        raise ledger.refuse(
-            FUSED_UNAVAILABLE, f"conv backend 'fused' needs CUDA, got device {device}; pass --conv-backend plain"
-        )
-    fn, why = fla_kernels.causal_conv1d()
-    if fn is None:
-        raise ledger.refuse(
-            FUSED_UNAVAILABLE,
-            f"conv backend {requested!r} on {device} needs fla-core 0.6.0 (fla.modules.causal_conv1d), "
-            f"which is not importable ({why}); install the extra `gpu` or pass --conv-backend plain",
-        )
-    return "fused"
+    return fused_or_plain.resolve(
+        requested,
+        device,
+        flag="--conv-backend",
+        site=FUSED_UNAVAILABLE,
+        kernel=fla_kernels.causal_conv1d,  # looked up per call: the tests stand in for it
+        needs="fla.modules.causal_conv1d",
+    )
 
 
 class ShortConv(nn.Module):

@@ -1,0 +1,35 @@
+"""The one policy of the ops with an fla Triton kernel beside a torch path (RMSNorm, the short conv).
+
+`--norm-backend` and `--conv-backend` each take auto, fused or plain: auto is fla's fused kernel on CUDA
+and torch elsewhere; a fused path that cannot run (no CUDA, fla not importable) is refused at the op's
+ledger site, never replaced by the torch one.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+from dormouse import ledger
+
+CHOICES = ("auto", "fused", "plain")
+
+
+def resolve(requested: str, device: torch.device | str, *, flag: str, site: str, kernel: Callable, needs: str) -> str:
+    """ "fused" or "plain" for `requested` on `device`. `flag` names the option (`--norm-backend`), `site`
+    the ledger site of its refusal, `kernel` fla_kernels' accessor of the op and `needs` fla's module."""
+    what = flag.removeprefix("--").replace("-", " ")  # "norm backend"
+    if requested not in CHOICES:
+        raise ValueError(f"unknown {what} {requested!r}; choose one of {CHOICES}")
+    device = torch.device(device)
+    if requested == "plain" or (requested == "auto" and device.type != "cuda"):
+        return "plain"
+    if device.type != "cuda":
+        raise ledger.refuse(site, f"{what} 'fused' needs CUDA, got device {device}; pass {flag} plain")
+    fn, why = kernel()
+    if fn is None:
+        raise ledger.refuse(
+            site,
+            f"{what} {requested!r} on {device} needs fla-core 0.6.0 ({needs}), which is not importable ({why}); "
+            f"install the extra `gpu` or pass {flag} plain",
+        )
+    return "fused"
