@@ -24,8 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from dormouse.config import ModelConfig  # noqa: E402
 from dormouse.model import fla_kernels, precision  # noqa: E402
-from dormouse.model.kda import kda, kda_recurrent  # noqa: E402
+from dormouse.model.kda import fla_options, kda, kda_recurrent  # noqa: E402
 from dormouse.tools.bench import fla_version  # noqa: E402
 from dormouse.tools.kda_op import forward_backward, make_inputs  # noqa: E402
 
@@ -45,12 +46,14 @@ def norm_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).norm() / ref.norm()).item()
 
 
-def compare_fla(dtype: str, shape=SHAPE, seed=0):
+def compare_fla(dtype: str, shape=SHAPE, seed=0, options: dict | None = None):
     """Errors of fla against the float64 recurrence, and a sha256 of fla's outputs and gradients.
-    The caller has applied `precision.apply(dtype)` before the first kernel of this process compiled."""
-    leaves, do, dS = make_inputs(shape, TORCH_DTYPE[dtype], "cuda", seed)
+    The caller has applied `precision.apply(dtype)` before the first kernel of this process compiled.
+    `options` (kda.fla_options) choose among fla's kernels; with safe_gate the gates are clamped to its bound."""
+    options = options or {}
+    leaves, do, dS = make_inputs(shape, TORCH_DTYPE[dtype], "cuda", seed, gate_floor=options.get("lower_bound"))
     start = time.perf_counter()
-    o, S, grads = forward_backward(kda, leaves, do, dS, backend="fla")
+    o, S, grads = forward_backward(kda, leaves, do, dS, backend="fla", fla_options=options)
     torch.cuda.synchronize()
     print(f"  fla forward+backward, first call (compiles and autotunes when cold): {time.perf_counter() - start:.1f} s")
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
@@ -70,12 +73,20 @@ def main() -> int:
     p.add_argument("--dtype", choices=sorted(TOLERANCE), required=True, help="one per process (see docstring)")
     p.add_argument("--shape", help="B,T,H,K (K = V); default 10,512,8,64")
     p.add_argument("--out", required=True, help="path of the JSON report")
+    p.add_argument(
+        "--safe-gate",
+        action="store_true",
+        help="fla's safe_gate, gates bounded at gate_lower_bound's default (kda_safe_gate)",
+    )
+    p.add_argument("--no-recompute", action="store_true", help="fla's disable_recompute (--no-kda-recompute)")
     args = p.parse_args()
+    bound = ModelConfig().gate_lower_bound  # the layer's default
+    options = fla_options(safe_gate=args.safe_gate, lower_bound=bound, recompute=not args.no_recompute)
 
     shape = tuple(int(n) for n in args.shape.split(",")) if args.shape else SHAPE
     precision_note = precision.apply(args.dtype)
     print(f"{args.dtype}: {precision_note}; {fla_kernels.pin_note()}", flush=True)
-    errors, norms, digest = compare_fla(args.dtype, shape)
+    errors, norms, digest = compare_fla(args.dtype, shape, options=options)
     tol = TOLERANCE[args.dtype]
     print(f"{args.dtype}: fla vs float64 recurrence at B,T,H,K={shape} (gate: max|d|/max|ref| <= {tol:g})")
     print(f"  {'tensor':12s} {'max|d|/max|ref|':>16s} {'|d|/|ref|':>10s}")
@@ -89,6 +100,7 @@ def main() -> int:
         "precision": precision_note,
         "pin": fla_kernels.pin_note(),
         "shape_BTHK": shape,
+        "fla_options": options,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "fla": fla_version(),

@@ -42,6 +42,16 @@ class ModelConfig:
         choices=("auto", "fla", "chunked", "recurrent"),
     )
     kda_chunk_size: int = _f(64, "chunk length of the chunked KDA form", choices=(16, 32, 64, 128))
+    kda_safe_gate: bool = _f(
+        False,
+        "fla's chunk_kda with safe_gate: tensor-core intra-chunk kernels for gates bounded by gate_lower_bound "
+        "(another rounding; fla backend only, the chunked and recurrent forms are exact either way)",
+    )
+    kda_recompute: bool = _f(
+        True,
+        "fla's chunk_kda backward recomputes the forward's intermediates; --no-kda-recompute keeps them "
+        "(more memory, less work: fla's disable_recompute; fla backend only)",
+    )
     short_conv: bool = _f(True, "short causal depthwise conv + SiLU on KDA q/k/v")
     conv_size: int = _f(4, "kernel of the short conv", lo=2, hi=8)
     gate_lower_bound: float = _f(-5.0, "lower bound of the KDA per-step log-decay", lo=-20.0, hi=0.0, lo_open=False)

@@ -349,3 +349,35 @@ def test_under_bf16_autocast_the_op_gets_bf16_q_k_v(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         layer(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
     assert seen == {"q": torch.bfloat16, "k": torch.bfloat16, "v": torch.bfloat16, "g": torch.float32}
+
+
+# --- fla's kernel options (kda_safe_gate, kda_recompute) ---------------------------------------------
+
+
+def test_fla_options_reach_fla_and_default_to_none(monkeypatch):
+    # A stand-in for fla's chunk_kda records the keywords the layer hands it.
+    seen = []
+
+    def stand_in(q, k, v, g, beta, **kw):
+        seen.append({name: kw[name] for name in ("safe_gate", "lower_bound", "disable_recompute") if name in kw})
+        return torch.zeros_like(v), None
+
+    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (stand_in, ""))
+    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    x = torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test"))
+    make_layer()(x)
+    make_layer(fla_safe_gate=True, fla_recompute=False)(x)
+    make_layer(gate_lower_bound=-3.0, fla_safe_gate=True)(x)
+    assert seen == [
+        {},
+        {"safe_gate": True, "lower_bound": -5.0, "disable_recompute": True},
+        {"safe_gate": True, "lower_bound": -3.0},
+    ]
+
+
+def test_fla_options_leave_the_exact_forms_unchanged_and_need_a_bounded_gate():
+    x = torch.randn(2, 70, 32, generator=rng.generator(0, 0, "test"))
+    plain = make_layer(backend="chunked")(x)
+    assert torch.equal(make_layer(backend="chunked", fla_safe_gate=True, fla_recompute=False)(x), plain)
+    with pytest.raises(ValueError, match="safe_gate needs the gate's lower bound"):
+        make_layer(gate_lower_bound=None, fla_safe_gate=True)

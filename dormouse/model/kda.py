@@ -183,7 +183,7 @@ def resolve_kda_backend(requested: str, device: torch.device) -> str:
     return "fla"
 
 
-def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
+def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, fla_options):
     _check_shapes(q, k, v, g, beta, initial_state)
     chunk_kda, _ = fla_kernels.chunk_kda()
     dtype = q.dtype
@@ -200,15 +200,44 @@ def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_s
         output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=False,
         chunk_size=chunk_size,
+        **fla_options,
     )
 
 
-def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend="auto", chunk_size=64):
-    """KDA with the backend picked by `resolve_kda_backend`; every call is counted in counters.KDA."""
+def fla_options(*, safe_gate: bool = False, lower_bound: float | None = None, recompute: bool = True) -> dict:
+    """Keyword options of fla's chunk_kda: `safe_gate` (tensor-core intra-chunk kernels, for gates in
+    [lower_bound, 0): the layer's bounded gate), and `recompute` off (its backward keeps the forward's
+    intermediates: fla's `disable_recompute`). They choose among fla's kernels only; the chunked and
+    recurrent forms compute the exact function either way."""
+    options = {}
+    if safe_gate:
+        if lower_bound is None:
+            raise ValueError("fla's safe_gate needs the gate's lower bound (gate_lower_bound)")
+        options |= {"safe_gate": True, "lower_bound": lower_bound}
+    if not recompute:
+        options["disable_recompute"] = True
+    return options
+
+
+def kda(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    backend="auto",
+    chunk_size=64,
+    fla_options: dict | None = None,
+):
+    """KDA with the backend picked by `resolve_kda_backend`; every call is counted in counters.KDA.
+    `fla_options` (from `fla_options()`) go to fla's kernel."""
     impl = resolve_kda_backend(backend, q.device)
     counters.KDA.record(fused=impl == "fla")
     if impl == "fla":
-        return _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+        return _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, fla_options or {})
     if impl == "chunked":
         return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
     return kda_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
@@ -270,6 +299,8 @@ class KDALayer(nn.Module):
         backend: str = "auto",
         chunk_size: int = 64,
         norm_eps: float = 1e-6,
+        fla_safe_gate: bool = False,
+        fla_recompute: bool = True,
     ):
         super().__init__()
         if backend not in KDA_BACKENDS:
@@ -280,6 +311,7 @@ class KDALayer(nn.Module):
         self.gate_lower_bound = gate_lower_bound
         self.backend = backend
         self.chunk_size = chunk_size
+        self.fla_options = fla_options(safe_gate=fla_safe_gate, lower_bound=gate_lower_bound, recompute=fla_recompute)
         self.groups = tuple(n for n in KDA_PARAM_GROUPS if short_conv or n not in _CONV_GROUPS)
         self.q_proj = linear(d_model, H * K)
         self.k_proj = linear(d_model, H * K)
@@ -375,6 +407,7 @@ class KDALayer(nn.Module):
             output_final_state=return_cache,
             backend=backend,
             chunk_size=self.chunk_size,
+            fla_options=self.fla_options,
         )
         o = self.o_norm(o, self.g_b(self.g_a(x)).view(B, T, H, K))
         y = self.o_proj(o.flatten(2))

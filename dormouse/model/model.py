@@ -97,6 +97,8 @@ class Layer(nn.Module):
                 backend=cfg.kda_backend,
                 chunk_size=cfg.kda_chunk_size,
                 norm_eps=cfg.norm_eps,
+                fla_safe_gate=cfg.kda_safe_gate,
+                fla_recompute=cfg.kda_recompute,
             )
         else:
             self.mixer = CausalSelfAttention(d, cfg.n_heads, cfg.head_dim, generator=gen)

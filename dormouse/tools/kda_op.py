@@ -12,8 +12,9 @@ from dormouse import rng
 from dormouse.model.kda import kda, l2norm
 
 
-def make_inputs(shape, dtype, device, seed=0):
-    """Leaf tensors [q, k, v, g, beta, h0] (requires_grad) and the cotangents (do, dS) for shape (B, T, H, K)."""
+def make_inputs(shape, dtype, device, seed=0, gate_floor=None):
+    """Leaf tensors [q, k, v, g, beta, h0] (requires_grad) and the cotangents (do, dS) for shape (B, T, H, K).
+    `gate_floor`: g clamped to [gate_floor, 0], as a layer's bounded gate is (what fla's safe_gate assumes)."""
     B, T, H, K = shape
     gen = rng.generator(seed, 0, "test")
 
@@ -23,6 +24,8 @@ def make_inputs(shape, dtype, device, seed=0):
     q, k = l2norm(randn(B, T, H, K)).to(dtype), l2norm(randn(B, T, H, K)).to(dtype)
     v = randn(B, T, H, K).to(dtype)
     g = -torch.nn.functional.softplus(randn(B, T, H, K))
+    if gate_floor is not None:
+        g = g.clamp(min=gate_floor)
     beta = torch.rand(B, T, H, generator=gen).to(dtype)
     h0 = randn(B, H, K, K)
     do, dS = randn(B, T, H, K).to(dtype), randn(B, H, K, K)
