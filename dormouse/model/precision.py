@@ -43,7 +43,7 @@ TRITON_SWITCH = ledger.register(
     "under the first precision would run",
     __name__,
 )
-_triton_set: list[str | None] = []  # the Triton fp32 precision of this process's last apply(), if any
+_triton_set: list[str] = []  # triton_fp32 of this process's last apply(), if any
 
 
 def apply(dtype: str) -> str:
@@ -55,13 +55,13 @@ def apply(dtype: str) -> str:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
     torch_precision, triton_precision = _FLOAT32[dtype]
-    if "triton" in sys.modules and _triton_set and _triton_set[0] != triton_precision:
+    if "triton" in sys.modules and _triton_set and _triton_set[0] != triton_fp32(dtype):
         raise ledger.refuse(
             TRITON_SWITCH,
             f"--dtype {dtype} needs Triton fp32 dots in {triton_fp32(dtype)}, but this process "
-            f"imported Triton under {_triton_set[0] or 'tf32'}: run it in a process of its own",
+            f"imported Triton under {_triton_set[0]}: run it in a process of its own",
         )
-    _triton_set[:] = [triton_precision]
+    _triton_set[:] = [triton_fp32(dtype)]
     torch.set_float32_matmul_precision(torch_precision)
     if triton_precision is None:
         os.environ.pop("TRITON_F32_DEFAULT", None)
@@ -81,7 +81,7 @@ def apply(dtype: str) -> str:
     # repeat every gradient and weight (benches/logs/2026-12-03-h200-session7/probe-call4/).
     torch.utils.deterministic.fill_uninitialized_memory = False
     return (
-        f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_precision or 'tf32'}; "
+        f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_fp32(dtype)}; "
         f"cuBLAS workspace {os.environ['CUBLAS_WORKSPACE_CONFIG']}; deterministic algorithms"
     )
 

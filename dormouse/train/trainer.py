@@ -150,11 +150,14 @@ class Trainer:
         self.log(f"device: {self.device} dtype={t.dtype} torch={torch.__version__}; {self.precision_note}")
         backend = m.kda_backend if m.mixer == "kda" else "off (attention mixer)"
         norm = {"fused": "fused (fla rms_norm)", "plain": "plain (torch rms_norm)"}[m.norm_backend]
-        conv = "off"
-        if m.mixer == "kda" and m.short_conv:
-            conv = {"fused": "fused (fla causal_conv1d)", "plain": "plain (torch conv1d)"}[m.conv_backend]
+        has_conv = m.mixer == "kda" and m.short_conv
+        conv = (
+            {"fused": "fused (fla causal_conv1d)", "plain": "plain (torch conv1d)"}[m.conv_backend]
+            if has_conv
+            else "off"
+        )
         self.log(f"kernels: kda={backend} norm={norm} conv={conv}")
-        if backend == "fla" or "fused" in (m.norm_backend, conv[:5]):
+        if backend == "fla" or m.norm_backend == "fused" or (has_conv and m.conv_backend == "fused"):
             self.log(fla_kernels.pin_note())
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
         self.log(describe(self.groups))
