@@ -20,6 +20,10 @@ from pathlib import Path
 
 from dormouse.errors import ConfigError
 
+# fla's safe_gate kernels take exp of up to chunk/2 + 1 summed gates in fp32: fla bounds a gate to [-5, 0)
+# for them (fla/ops/kda/chunk.py).
+SAFE_GATE_BOUNDS = (-5.0, 0.0)
+
 
 def _f(default, help: str, *, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
     """A config field: default, help text and allowed range (inclusive unless lo_open / hi_open)."""
@@ -43,9 +47,10 @@ class ModelConfig:
     )
     kda_chunk_size: int = _f(64, "chunk length of the chunked KDA form", choices=(16, 32, 64, 128))
     kda_safe_gate: bool = _f(
-        False,
-        "fla's chunk_kda with safe_gate: tensor-core intra-chunk kernels for gates bounded by gate_lower_bound "
-        "(another rounding; fla backend only, the chunked and recurrent forms are exact either way)",
+        True,
+        "fla's chunk_kda with safe_gate: tensor-core intra-chunk kernels for gates bounded by gate_lower_bound, "
+        "which must lie in [-5, 0) (another rounding; fla backend only, the chunked and recurrent forms are "
+        "exact either way)",
     )
     kda_recompute: bool = _f(
         True,
@@ -288,6 +293,11 @@ def validate(cfg: Config) -> None:
     if m.head_dim == 0 and m.d_model % m.n_heads:
         raise ConfigError(f"n_heads {m.n_heads} does not divide d_model {m.d_model} (or set head_dim)")
     _check_engram_layers(m)
+    if m.kda_safe_gate and not SAFE_GATE_BOUNDS[0] <= m.gate_lower_bound < SAFE_GATE_BOUNDS[1]:
+        raise ConfigError(
+            f"kda_safe_gate needs gate_lower_bound in [{SAFE_GATE_BOUNDS[0]}, {SAFE_GATE_BOUNDS[1]}) (the exponent "
+            f"range of fla's safe_gate kernels); got {m.gate_lower_bound}: pass --no-kda-safe-gate, or a bound in range"
+        )
     orders = m.engram_orders.split(",")
     if not all(o.strip().isdigit() and 1 <= int(o) <= 16 for o in orders) or len(set(orders)) != len(orders):
         raise ConfigError(f"engram_orders {m.engram_orders!r}: distinct integers in 1..16, comma-separated")

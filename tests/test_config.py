@@ -80,12 +80,19 @@ def test_booleans_and_short_arms():
         (["--mor", "--attn-res"], "mor with attn_res is not built"),
         (["--mor-capacity", "0"], r"mor_capacity 0.0 is out of range; allowed \(0.0, 1.0\]"),
         (["--mor-capacity", "1.5"], r"mor_capacity 1.5 is out of range"),
+        (["--gate-lower-bound", "-6"], r"kda_safe_gate needs gate_lower_bound in \[-5.0, 0.0\).*--no-kda-safe-gate"),
+        (["--gate-lower-bound", "0"], r"kda_safe_gate needs gate_lower_bound in \[-5.0, 0.0\) .*; got 0.0"),
     ],
 )
 def test_validate_refuses_with_field_and_range(argv, message, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(DormouseError, match=message):
         parse(*argv)
+
+
+def test_safe_gate_is_the_default_and_any_bound_builds_without_it():
+    assert parse().model.kda_safe_gate is True
+    assert parse("--no-kda-safe-gate", "--gate-lower-bound", "-20").model.gate_lower_bound == -20.0
 
 
 def test_engram_layers_are_parsed_ascending_and_may_be_empty_only_without_engram():

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from dormouse.model import fla_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
@@ -108,3 +110,45 @@ def test_merge_adds_only_choices_the_pin_did_not_make_and_appends_them(tmp_path)
     merged = json.loads((tmp_path / "pin" / "k.json").read_text())["autotune_entries"]
     assert list(merged) == ["p64", "p8", "d256", "d9"]  # appended: earlier fuzzy matches stay first
     assert merged["p64"]["config"] == entry(32)
+
+
+def test_kernels_import_without_running_the_packages_re_export_inits(tmp_path, monkeypatch):
+    """fla's package __init__s import every layer, model and op (most of a warm start's seconds on the
+    H200); the shells skip them, the submodules import as usual, and completing runs them after all."""
+    pkg = tmp_path / "fakefla"
+    (pkg / "ops" / "kda").mkdir(parents=True)
+    (tmp_path / "fakefla_log.py").write_text("inits = []\n")  # outside the package: records each __init__
+    (pkg / "__init__.py").write_text(
+        "import fakefla_log\nfakefla_log.inits.append('fakefla')\nfrom fakefla.ops import OPS\n"
+    )
+    (pkg / "ops" / "__init__.py").write_text("import fakefla_log\nfakefla_log.inits.append('ops')\nOPS = ['all ops']\n")
+    (pkg / "ops" / "kda" / "__init__.py").write_text(
+        "from fakefla import __version__\nchunk_kda = 'kda ' + __version__\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(fla_kernels.importlib.metadata, "version", lambda dist: {"fakefla-core": "9.9"}[dist])
+    names = ("fakefla", "fakefla.ops")
+    try:
+        fla_kernels.shell_packages(names, version_of={"fakefla": "fakefla-core"})
+        import fakefla.ops.kda
+        import fakefla_log
+
+        assert fakefla.ops.kda.chunk_kda == "kda 9.9" and fakefla_log.inits == []
+        fla_kernels.complete_packages(names)  # fakefla's __init__ imports a name of fakefla.ops's: that runs first
+        fla_kernels.complete_packages(names)  # once only
+        assert fakefla_log.inits == ["ops", "fakefla"] and fakefla.OPS == ["all ops"]
+        assert sys.modules["fakefla.ops.kda"] is fakefla.ops.kda  # the submodule imported before is kept
+    finally:
+        for name in [n for n in sys.modules if n.startswith("fakefla")]:
+            del sys.modules[name]
+
+
+def test_a_missing_package_or_distribution_is_an_import_error(tmp_path, monkeypatch):
+    (tmp_path / "fakefla2").mkdir()
+    (tmp_path / "fakefla2" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="No package named 'no_such_fla_pkg'"):
+        fla_kernels.shell_packages(("no_such_fla_pkg",), version_of={})
+    with pytest.raises(ImportError, match="'no-such-dist' is not installed"):
+        fla_kernels.shell_packages(("fakefla2",), version_of={"fakefla2": "no-such-dist"})
+    assert "fakefla2" not in sys.modules  # nothing half-registered

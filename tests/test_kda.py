@@ -381,3 +381,7 @@ def test_fla_options_leave_the_exact_forms_unchanged_and_need_a_bounded_gate():
     assert torch.equal(make_layer(backend="chunked", fla_safe_gate=True, fla_recompute=False)(x), plain)
     with pytest.raises(ValueError, match="safe_gate needs the gate's lower bound"):
         make_layer(gate_lower_bound=None, fla_safe_gate=True)
+    for out_of_range in (-5.5, 0.0):
+        with pytest.raises(ValueError, match=r"safe_gate needs gate_lower_bound in \[-5, 0\)"):
+            make_layer(gate_lower_bound=out_of_range, fla_safe_gate=True)
+    make_layer(gate_lower_bound=-20.0)  # without safe_gate any bound in the config's range builds

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from dormouse import counters, ledger
+from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
@@ -213,6 +214,8 @@ def fla_options(*, safe_gate: bool = False, lower_bound: float | None = None, re
     if safe_gate:
         if lower_bound is None:
             raise ValueError("fla's safe_gate needs the gate's lower bound (gate_lower_bound)")
+        if not SAFE_GATE_BOUNDS[0] <= lower_bound < SAFE_GATE_BOUNDS[1]:
+            raise ValueError(f"fla's safe_gate needs gate_lower_bound in [-5, 0); got {lower_bound}")
         options |= {"safe_gate": True, "lower_bound": lower_bound}
     if not recompute:
         options["disable_recompute"] = True
