@@ -57,6 +57,11 @@ class ModelConfig:
         "fla's chunk_kda backward recomputes the forward's intermediates; --no-kda-recompute keeps them "
         "(more memory, less work: fla's disable_recompute; fla backend only)",
     )
+    kda_prep_in_kernel: bool = _f(
+        False,
+        "fla's chunk_kda applies q/k's L2 norm, the decay gate and beta's sigmoid itself (fewer kernels around "
+        "each call, another rounding; fla backend only)",
+    )
     short_conv: bool = _f(True, "short causal depthwise conv + SiLU on KDA q/k/v")
     conv_size: int = _f(4, "kernel of the short conv", lo=2, hi=8)
     gate_lower_bound: float = _f(-5.0, "lower bound of the KDA per-step log-decay", lo=-20.0, hi=0.0, lo_open=False)

@@ -265,7 +265,7 @@ def test_decay_gate_range(lower_bound):
     layer = make_layer(gate_lower_bound=lower_bound)
     with torch.no_grad():
         layer.f_b.weight.mul_(500)  # push the gate pre-activations far out on both sides
-        g = layer._decay(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test")))
+        g = layer._decay(layer._gate_input(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test"))))
     assert g.dtype == torch.float32 and (g <= 0).all()
     if lower_bound is not None:
         assert (g >= lower_bound).all() and g.min() < 0.9 * lower_bound
@@ -375,10 +375,46 @@ def test_fla_options_reach_fla_and_default_to_none(monkeypatch):
     ]
 
 
+def fla_as_documented(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64, **kw):
+    """A stand-in for fla's chunk_kda that applies its in-kernel extras as fla 0.6.0 documents them
+    (fla/ops/kda/chunk.py, gate.py), then runs the chunked form."""
+    H, K = g.shape[-2:]
+    if kw.get("use_qk_l2norm_in_kernel"):
+        q, k = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    if kw.get("use_gate_in_kernel"):
+        g = g + kw["dt_bias"].view(H, K)
+        A = kw["A_log"].exp()[:, None]
+        g = -A * F.softplus(g) if kw["lower_bound"] is None else kw["lower_bound"] * torch.sigmoid(A * g)
+    if kw.get("use_beta_sigmoid_in_kernel"):
+        beta = torch.sigmoid(beta)
+    return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None])
+def test_prep_in_kernel_hands_fla_the_raw_inputs_it_documents(monkeypatch, lower_bound):
+    # fla applying the L2 norms, the gate and beta's sigmoid itself must compute the layer's function:
+    # with a stand-in that applies them as fla documents, the layer's output and every parameter's
+    # gradient equal the chunked form's in float64, but for the gate's input rounded to fp32 (as fla
+    # takes it: a wrong wiring is off by 1e-1, not 1e-7).
+    x = torch.randn(2, 70, 32, dtype=torch.float64, generator=rng.generator(0, 0, "test"))
+    ref_layer = make_layer(gate_lower_bound=lower_bound, backend="chunked").double()
+    ref = ref_layer(x)
+    ref.square().sum().backward()
+    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (fla_as_documented, ""))
+    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    layer = make_layer(gate_lower_bound=lower_bound, backend="fla", fla_prep_in_kernel=True).double()
+    out = layer(x)
+    out.square().sum().backward()
+    assert rel(out, ref) <= 1e-8
+    for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters(), strict=True):
+        assert rel(p.grad, p_ref.grad) <= 1e-6, name
+
+
 def test_fla_options_leave_the_exact_forms_unchanged_and_need_a_bounded_gate():
     x = torch.randn(2, 70, 32, generator=rng.generator(0, 0, "test"))
     plain = make_layer(backend="chunked")(x)
-    assert torch.equal(make_layer(backend="chunked", fla_safe_gate=True, fla_recompute=False)(x), plain)
+    exact = make_layer(backend="chunked", fla_safe_gate=True, fla_recompute=False, fla_prep_in_kernel=True)
+    assert torch.equal(exact(x), plain)
     with pytest.raises(ValueError, match="safe_gate needs the gate's lower bound"):
         make_layer(gate_lower_bound=None, fla_safe_gate=True)
     for out_of_range in (-5.5, 0.0):

@@ -189,7 +189,8 @@ def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_s
     chunk_kda, _ = fla_kernels.chunk_kda()
     dtype = q.dtype
     # fla wants q, k, v, beta in one dtype and an fp32 initial state; the gate stays fp32 (fla's own
-    # tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated.
+    # tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated unless
+    # `fla_options` has fla apply them (`prep_in_kernel_options`).
     return chunk_kda(
         q,
         k.to(dtype),
@@ -199,7 +200,6 @@ def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_s
         scale=scale,
         initial_state=None if initial_state is None else initial_state.float(),
         output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=False,
         chunk_size=chunk_size,
         **fla_options,
     )
@@ -220,6 +220,21 @@ def fla_options(*, safe_gate: bool = False, lower_bound: float | None = None, re
     if not recompute:
         options["disable_recompute"] = True
     return options
+
+
+def prep_in_kernel_options(A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None) -> dict:
+    """fla's chunk_kda options that have it apply what the layer would: the L2 norm of q and k, the decay
+    gate from its raw input (lower_bound · sigmoid(exp(A_log) · (g + dt_bias)), or −exp(A_log) ·
+    softplus(g + dt_bias) without a bound: the layer's `_decay`) and beta's sigmoid. Fewer kernels
+    around each call; fla's kernels compute them in fp32 (another rounding than torch's)."""
+    return {
+        "use_qk_l2norm_in_kernel": True,
+        "use_gate_in_kernel": True,
+        "use_beta_sigmoid_in_kernel": True,
+        "A_log": A_log,
+        "dt_bias": dt_bias,
+        "lower_bound": lower_bound,
+    }
 
 
 def kda(
@@ -304,6 +319,7 @@ class KDALayer(nn.Module):
         norm_eps: float = 1e-6,
         fla_safe_gate: bool = False,
         fla_recompute: bool = True,
+        fla_prep_in_kernel: bool = False,
     ):
         super().__init__()
         if backend not in KDA_BACKENDS:
@@ -315,6 +331,7 @@ class KDALayer(nn.Module):
         self.backend = backend
         self.chunk_size = chunk_size
         self.fla_options = fla_options(safe_gate=fla_safe_gate, lower_bound=gate_lower_bound, recompute=fla_recompute)
+        self.fla_prep_in_kernel = fla_prep_in_kernel
         self.groups = tuple(n for n in KDA_PARAM_GROUPS if short_conv or n not in _CONV_GROUPS)
         self.q_proj = linear(d_model, H * K)
         self.k_proj = linear(d_model, H * K)
@@ -374,11 +391,14 @@ class KDALayer(nn.Module):
         y, cache = self._mix(x_t[:, None], cache, "recurrent", True)
         return y[:, 0], cache
 
-    def _decay(self, x: torch.Tensor) -> torch.Tensor:
-        """The per-channel log-decay g [B,T,H,K] <= 0, in fp32 at least."""
+    def _gate_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The decay gate's raw input [B,T,H,K] (before dt_bias), in fp32 at least."""
         B, T, _ = x.shape
         f = self.f_b(self.f_a(x))
-        f = f.to(_compute_dtype(f)).view(B, T, self.n_heads, self.head_dim)
+        return f.to(_compute_dtype(f)).view(B, T, self.n_heads, self.head_dim)
+
+    def _decay(self, f: torch.Tensor) -> torch.Tensor:
+        """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input `f`."""
         f = f + self.dt_bias.view(self.n_heads, self.head_dim)
         A = self.A_log.exp()[:, None]
         if self.gate_lower_bound is None:
@@ -398,19 +418,27 @@ class KDALayer(nn.Module):
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
         b = self.b_proj(x)
-        # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so
-        # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.
+        f = self._gate_input(x)
+        options = self.fla_options
+        if self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla":
+            options = options | prep_in_kernel_options(self.A_log, self.dt_bias, self.gate_lower_bound)
+            q, k, g, beta = q.to(v.dtype), k.to(v.dtype), f, b
+        else:
+            # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so
+            # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.
+            q, k = l2norm(q).to(v.dtype), l2norm(k).to(v.dtype)
+            g, beta = self._decay(f), torch.sigmoid(b.to(_compute_dtype(b)))
         o, state = kda(
-            l2norm(q).to(v.dtype),
-            l2norm(k).to(v.dtype),
+            q,
+            k,
             v,
-            self._decay(x),
-            torch.sigmoid(b.to(_compute_dtype(b))),
+            g,
+            beta,
             initial_state=None if cache is None else cache.state,
             output_final_state=return_cache,
             backend=backend,
             chunk_size=self.chunk_size,
-            fla_options=self.fla_options,
+            fla_options=options,
         )
         o = self.o_norm(o, self.g_b(self.g_a(x)).view(B, T, H, K))
         y = self.o_proj(o.flatten(2))

@@ -99,6 +99,7 @@ class Layer(nn.Module):
                 norm_eps=cfg.norm_eps,
                 fla_safe_gate=cfg.kda_safe_gate,
                 fla_recompute=cfg.kda_recompute,
+                fla_prep_in_kernel=cfg.kda_prep_in_kernel,
             )
         else:
             self.mixer = CausalSelfAttention(d, cfg.n_heads, cfg.head_dim, generator=gen)
