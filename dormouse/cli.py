@@ -101,13 +101,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     stress = StressMonitor()
     stress.load_state_dict(ck.state["stress"])
     depths = _eval_depths(args.depth, cfg.model.depth)
-    print(f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}")
+    # A window longer than training's gives each byte more context: a different measurement, so it is named.
+    seq_len = t.seq_len if args.seq_len is None else args.seq_len
+    batch_size = t.batch_size if args.batch_size is None else args.batch_size
+    print(
+        f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}; "
+        f"windows of {seq_len} bytes (trained on {t.seq_len})"
+    )
     for depth in depths:
         held = heldout_score(
             model,
             corpus,
-            seq_len=t.seq_len,
-            batch_size=t.batch_size,
+            seq_len=seq_len,
+            batch_size=batch_size,
             eval_bytes=t.eval_bytes,
             device=device,
             autocast=contextlib.nullcontext,
@@ -304,6 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D",
         help="score with D loop iterations (1..the run's depth), or 'all': one eval line per depth (default: full)",
     )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="walk the held-out split in windows of N bytes: more context per byte than training's "
+        "windows when longer (default: the run's seq_len)",
+    )
+    p.add_argument("--batch-size", type=int, default=None, metavar="B", help="windows per forward (default: the run's)")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("generate", help="continue a prompt with a run's checkpoint, one byte at a time")

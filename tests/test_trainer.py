@@ -171,6 +171,31 @@ def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys)
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
 
 
+def test_cli_eval_walks_windows_of_seq_len_bytes(corpus, tmp_path, capsys):
+    fresh(tiny_config(), corpus, tmp_path / "r").run_loop(until_step=4)
+    capsys.readouterr()  # the training's own eval lines
+    assert main(["eval", str(tmp_path / "r"), "--ckpt", "last", "--seq-len", "96", "--batch-size", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "windows of 96 bytes (trained on 32)" in out
+    bpb = float(re.search(r"^eval step=4 bpb=([0-9.]+) ", out, re.M).group(1))
+    # Reference: the held-out split cut by hand into windows of 96 (the last one shorter), one forward each.
+    from dormouse.runs import load_model
+
+    model, _, _ = load_model(tmp_path / "r", "last", "cpu")
+    data = torch.from_numpy(corpus.read("heldout", 0, corpus.split_size("heldout")).astype("int64"))
+    nats = 0.0
+    with torch.no_grad():
+        for start in range(0, len(data) - 1, 96):
+            x, y = data[start : start + 96][None], data[start + 1 : start + 97][None]
+            x = x[:, : y.shape[1]]
+            nats += torch.nn.functional.cross_entropy(model(x).logits[0].double(), y[0], reduction="sum").item()
+    assert bpb == pytest.approx(nats / (len(data) - 1) / math.log(2), abs=6e-5)  # the line prints 4 decimals
+    assert main(["eval", str(tmp_path / "r"), "--ckpt", "last"]) == 0
+    assert f"bpb={bpb:.4f} " not in capsys.readouterr().out  # windows of 32 score the same bytes differently
+    assert main(["eval", str(tmp_path / "r"), "--ckpt", "last", "--seq-len", "0"]) == 2
+    assert "seq_len must be a positive integer" in capsys.readouterr().err
+
+
 def test_evals_carry_the_wall_clock_and_the_first_step_is_logged_once(corpus, tmp_path):
     trainer = fresh(tiny_config(steps=4, eval_every=2), corpus, tmp_path / "r")
     trainer.run_loop(until_step=2)
