@@ -101,35 +101,41 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     stress = StressMonitor()
     stress.load_state_dict(ck.state["stress"])
     depths = _eval_depths(args.depth, cfg.model.depth)
-    # A window longer than training's gives each byte more context: a different measurement, so it is named.
-    seq_len = t.seq_len if args.seq_len is None else args.seq_len
+    # A window longer than training's gives each byte more context: a different measurement, named on each line.
+    windows = [t.seq_len] if args.seq_len is None else _eval_windows(args.seq_len)
     batch_size = t.batch_size if args.batch_size is None else args.batch_size
-    print(
-        f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}; "
-        f"windows of {seq_len} bytes (trained on {t.seq_len})"
-    )
-    for depth in depths:
-        held = heldout_score(
-            model,
-            corpus,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            eval_bytes=t.eval_bytes,
-            device=device,
-            autocast=contextlib.nullcontext,
-            depth=depth,
-        )
-        record = eval_record(
-            ck.step,
-            held,
-            train_ce=None,
-            tokens=ck.step * t.batch_size * t.seq_len,
-            ms_per_step=None,
-            depth=depth_field(cfg) if depth is None else f"eval{depth}/{cfg.model.depth}",
-            stress=stress.summary(),
-        )
-        print(eval_line(record))
+    print(f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}")
+    for seq_len in windows:
+        for depth in depths:
+            held = heldout_score(
+                model,
+                corpus,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                eval_bytes=t.eval_bytes,
+                device=device,
+                autocast=contextlib.nullcontext,
+                depth=depth,
+            )
+            record = eval_record(
+                ck.step,
+                held,
+                train_ce=None,
+                tokens=ck.step * t.batch_size * t.seq_len,
+                ms_per_step=None,
+                depth=depth_field(cfg) if depth is None else f"eval{depth}/{cfg.model.depth}",
+                stress=stress.summary(),
+            )
+            print(eval_line({**record, "window": seq_len}))
     return 0
+
+
+def _eval_windows(asked: str) -> list[int]:
+    """`--seq-len`: one window length or several, comma-separated (one eval line each)."""
+    try:
+        return [int(w) for w in asked.split(",")]
+    except ValueError:
+        raise ConfigError(f"--seq-len {asked!r}: window lengths in bytes, e.g. 256 or 256,1024,4096") from None
 
 
 def _eval_depths(asked: str | None, model_depth: int) -> list[int | None]:
@@ -312,11 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seq-len",
-        type=int,
         default=None,
-        metavar="N",
-        help="walk the held-out split in windows of N bytes: more context per byte than training's "
-        "windows when longer (default: the run's seq_len)",
+        metavar="N[,N...]",
+        help="walk the held-out split in windows of N bytes (more context per byte than training's when "
+        "longer); several, comma-separated, give one eval line each (default: the run's seq_len)",
     )
     p.add_argument("--batch-size", type=int, default=None, metavar="B", help="windows per forward (default: the run's)")
     p.set_defaults(func=_cmd_eval)

@@ -184,6 +184,7 @@ def eval_line(record: dict) -> str:
     keys = ("step", "bpb", "ce", "train_ce", "tokens", "ms_per_step", *counters.ALL, "engram", "depth")
     keys += (*AUX_TERMS, "fallbacks")
     keys += ("wall_s",) if "wall_s" in record else ()  # a training run's; `dormouse eval` has none
+    keys += ("window",) if "window" in record else ()  # `dormouse eval`'s window length in bytes
     fields = " ".join(f"{k}={_fmt(record[k])}" for k in keys)
     return f"eval {fields} {record['stress']}"
 
