@@ -15,9 +15,9 @@ resumes SINGLE_RUN sharded and writes its eval to OUT/fsdp-resumed-<r>.json.
 
     torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py shard CORPUS OUT SINGLE_RUN
 
-`shard`: trains OUT/replicated (`tiny_config()`) and OUT/sharded (the same with --engram-shard), then
-resumes SINGLE_RUN with its tables sharded and writes the eval of its last checkpoint to
-OUT/shard-resumed-<r>.json.
+`shard`: trains OUT/replicated (`tiny_config()`) and OUT/sharded (the same with --engram-shard), the
+same pair without gradient clipping (OUT/replicated-noclip, OUT/sharded-noclip), then resumes SINGLE_RUN
+with its tables sharded and writes the eval of its last checkpoint to OUT/shard-resumed-<r>.json.
 
     torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py kill CORPUS OUT
 
@@ -125,8 +125,11 @@ def shard(corpus_dir: str, out: str, single_run: str) -> None:
     corpus, out = load_corpus(corpus_dir), Path(out)
     sharded = tiny_config(engram_shard=True)
     with joined(sharded.train) as world:
-        for name, cfg in (("replicated", tiny_config()), ("sharded", sharded)):
-            Trainer(cfg, corpus, out / name, corpus_note="shard test", world=world).run_loop()
+        pairs = {"": {}, "-noclip": {"grad_clip": 0.0}}
+        for suffix, train in pairs.items():
+            for name, shard_rows in (("replicated", False), ("sharded", True)):
+                cfg = tiny_config(engram_shard=shard_rows, **train)
+                Trainer(cfg, corpus, out / f"{name}{suffix}", corpus_note="shard test", world=world).run_loop()
         resumed = Trainer(sharded, corpus, single_run, corpus_note="shard test", resume=True, world=world)
         (out / f"shard-resumed-{world.rank}.json").write_text(json.dumps(resumed.evaluate([], [])))
 

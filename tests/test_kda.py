@@ -265,7 +265,7 @@ def test_decay_gate_range(lower_bound):
     layer = make_layer(gate_lower_bound=lower_bound)
     with torch.no_grad():
         layer.f_b.weight.mul_(500)  # push the gate pre-activations far out on both sides
-        g = layer._decay(layer._gate_input(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test"))))
+        g = layer._decay(layer._gate_input(layer.f_a(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test")))))
     assert g.dtype == torch.float32 and (g <= 0).all()
     if lower_bound is not None:
         assert (g >= lower_bound).all() and g.min() < 0.9 * lower_bound

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse.model.init import linear, normal_init_
+from dormouse.model.projections import project
 
 
 class SwiGLU(nn.Module):
@@ -29,7 +30,8 @@ class SwiGLU(nn.Module):
             normal_init_(lin.weight, gen)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)), {}
+        gate, up = project(x, (self.w_gate, self.w_up))
+        return self.w_down(F.silu(gate) * up), {}
 
 
 class MoE(nn.Module):

@@ -23,6 +23,7 @@ from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
+from dormouse.model.projections import project
 from dormouse.model.short_conv import ShortConv
 
 FLA_UNAVAILABLE = ledger.register(
@@ -391,10 +392,10 @@ class KDALayer(nn.Module):
         y, cache = self._mix(x_t[:, None], cache, "recurrent", True)
         return y[:, 0], cache
 
-    def _gate_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The decay gate's raw input [B,T,H,K] (before dt_bias), in fp32 at least."""
-        B, T, _ = x.shape
-        f = self.f_b(self.f_a(x))
+    def _gate_input(self, f_low: torch.Tensor) -> torch.Tensor:
+        """The decay gate's raw input [B,T,H,K] (before dt_bias) from its low-rank half f_a(x), in fp32 at least."""
+        B, T, _ = f_low.shape
+        f = self.f_b(f_low)
         return f.to(_compute_dtype(f)).view(B, T, self.n_heads, self.head_dim)
 
     def _decay(self, f: torch.Tensor) -> torch.Tensor:
@@ -408,7 +409,7 @@ class KDALayer(nn.Module):
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v, f_low, b, g_low = project(x, (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a))
         conv_state = None
         if self.short_conv:
             cq, ck, cv = (None, None, None) if cache is None else cache.conv
@@ -417,8 +418,7 @@ class KDALayer(nn.Module):
         else:  # the convs end in SiLU (fused into fla's kernel); without them the projections get it here
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
-        b = self.b_proj(x)
-        f = self._gate_input(x)
+        f = self._gate_input(f_low)
         options = self.fla_options
         if self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla":
             options = options | prep_in_kernel_options(self.A_log, self.dt_bias, self.gate_lower_bound)
@@ -440,6 +440,6 @@ class KDALayer(nn.Module):
             chunk_size=self.chunk_size,
             fla_options=options,
         )
-        o = self.o_norm(o, self.g_b(self.g_a(x)).view(B, T, H, K))
+        o = self.o_norm(o, self.g_b(g_low).view(B, T, H, K))
         y = self.o_proj(o.flatten(2))
         return y, (KDACache(conv_state, state) if return_cache else None)
