@@ -58,7 +58,7 @@ class ModelConfig:
         "(more memory, less work: fla's disable_recompute; fla backend only)",
     )
     kda_prep_in_kernel: bool = _f(
-        False,
+        True,
         "fla's chunk_kda applies q/k's L2 norm, the decay gate and beta's sigmoid itself (fewer kernels around "
         "each call, another rounding; fla backend only)",
     )
