@@ -138,6 +138,14 @@ class TrainConfig:
     lr_floor: float = _f(0.1, "final lr as a fraction of the peak", lo=0.0, hi=1.0)
     weight_decay: float = _f(0.1, "AdamW weight decay on matrices (never on gains and biases)", lo=0.0)
     grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", lo=0.0)
+    byte_noise: float = _f(
+        0.0,
+        "probability that a training input byte is replaced by a uniformly random byte (the targets stay the "
+        "text's; draws from the (seed, step) byte_noise stream); a regulariser, 0 = off",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+    )
     seed: int = _f(0, "seed of every random stream (rng.py)", lo=0)
     dtype: str = _f(
         "fp32",

@@ -11,6 +11,7 @@ import torch
 PURPOSES = frozenset(
     {
         "batch",  # training batch offsets
+        "byte_noise",  # which training input bytes are replaced, and by what (step: the batch's)
         "init",  # parameter initialisation (step is 0)
         "engram_hash",  # engram hash multipliers (step is 0)
         "depth",  # random depth per step

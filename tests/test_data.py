@@ -18,7 +18,7 @@ from dormouse.data import prepare as prepare_mod
 from dormouse.data.prepare import prepare
 from dormouse.data.sampler import Sampler, count_heldout_targets, heldout_windows
 from dormouse.data.shards import inspect_corpus, load_corpus
-from dormouse.errors import DataError
+from dormouse.errors import ConfigError, DataError
 
 SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
 NANOGPT_N, NANOGPT_TRAIN, NANOGPT_HELDOUT = 1_115_394, 1_003_854, 111_540
@@ -415,6 +415,28 @@ def test_batches_are_a_pure_function_of_seed_and_step(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not torch.equal(sampler.batch(7, 12)[0], first[0])
     assert not torch.equal(sampler.batch(8, 11)[0], first[0])
+
+
+def test_byte_noise_replaces_inputs_at_its_rate_the_same_on_every_rank(tmp_path):
+    corpus = tail_corpus(tmp_path, random_bytes(20000), 0.1, shard_bytes=4000)
+    clean, noisy = Sampler(corpus, 64, 64), Sampler(corpus, 64, 64, byte_noise=0.1)
+    changed, replaced = 0, []
+    for step in range(20):
+        (x0, y0), (x1, y1) = clean.batch(3, step), noisy.batch(3, step)
+        assert torch.equal(y1, y0)  # the targets are the text's bytes
+        hit = x1 != x0
+        changed += int(hit.sum())
+        replaced.append(x1[hit])
+        halves = [noisy.batch(3, step, rank=r, world_size=2)[0] for r in (0, 1)]
+        assert torch.equal(torch.cat(halves), x1)  # rank r's rows of the one-process batch
+    # 20 x 4096 inputs, each changed with probability 0.1 x 255/256 (a replacement may draw the same byte)
+    rate = changed / (20 * 64 * 64)
+    assert abs(rate - 0.1 * 255 / 256) < 0.005  # ~5 standard deviations (0.00105)
+    counts = torch.bincount(torch.cat(replaced), minlength=256)
+    assert len(counts) == 256 and counts.min() > 5 and counts.max() < 75  # uniform: ~32 per byte
+    assert torch.equal(noisy.batch(3, 7)[0], Sampler(corpus, 64, 64, byte_noise=0.1).batch(3, 7)[0])
+    with pytest.raises(ConfigError, match="byte_noise must be in \\[0, 1\\)"):
+        Sampler(corpus, 64, 64, byte_noise=1.0)
 
 
 def test_sampler_refuses_a_split_shorter_than_a_window(tmp_path):

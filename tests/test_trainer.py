@@ -127,6 +127,15 @@ def test_lr_zero_leaves_every_parameter_bit_identical(corpus, tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_byte_noise_reaches_the_training_batches_and_repeats(corpus, tmp_path):
+    runs = {name: tmp_path / name for name in ("clean", "noisy", "again")}
+    for name, run in runs.items():
+        fresh(tiny_config(steps=2, eval_every=2, byte_noise=0.0 if name == "clean" else 0.3), corpus, run).run_loop()
+    clean, noisy = train_losses(runs["clean"]), train_losses(runs["noisy"])
+    assert noisy == train_losses(runs["again"]) and noisy[0] != clean[0]
+    assert evals(runs["noisy"])[-1]["heldout_bytes"] == evals(runs["clean"])[-1]["heldout_bytes"]
+
+
 def test_refuses_to_overwrite_a_run(corpus, tmp_path):
     fresh(tiny_config(), corpus, tmp_path / "run").run_loop(until_step=4)
     with pytest.raises(config.ConfigError, match="is not empty"):

@@ -5,7 +5,10 @@ Training batches are a pure function of (seed, step, split): B window offsets dr
 T (the next byte of each input). No global RNG is read or advanced, so a resume at step s draws
 exactly the batch the uninterrupted run drew. Under data parallelism rank r of W reads rows
 `rank_rows(B, r, W)` of that same batch: a pure function of (seed, step, rank, W), and the ranks' rows,
-in rank order, are the one-process batch.
+in rank order, are the one-process batch. With `byte_noise` p > 0 each input byte of the batch is
+replaced, with probability p, by a uniform random byte, both drawn for the whole [B, T] batch from
+`rng.generator(seed, step, "byte_noise")` (so the ranks' rows are still the one-process batch's);
+the targets stay the text's bytes.
 
 The held-out eval walks the held-out split in order instead of sampling it: window i has inputs
 bytes [i·T, i·T + T) and targets [i·T + 1, i·T + T + 1), so every held-out byte after the first is
@@ -24,10 +27,13 @@ from dormouse.errors import ConfigError, DataError
 
 
 class Sampler:
-    def __init__(self, corpus: Corpus, batch_size: int, seq_len: int):
+    def __init__(self, corpus: Corpus, batch_size: int, seq_len: int, byte_noise: float = 0.0):
         _check_positive("batch_size", batch_size)
         _check_positive("seq_len", seq_len)
+        if not 0.0 <= byte_noise < 1.0:
+            raise ConfigError(f"byte_noise must be in [0, 1), got {byte_noise!r}")
         self.corpus, self.batch_size, self.seq_len = corpus, batch_size, seq_len
+        self.byte_noise = byte_noise
         self._check_split("train")  # refuse at start-up, not at the first step
 
     def offsets(self, seed: int, step: int, split: str = "train") -> torch.Tensor:
@@ -46,7 +52,19 @@ class Sampler:
         for row, offset in enumerate(self.offsets(seed, step, split)[rows.start : rows.stop].tolist()):
             windows[row] = self.corpus.read(split, offset, self.seq_len + 1)
         x = torch.from_numpy(windows).long()
-        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        if self.byte_noise:
+            inputs = self._noised(inputs, seed, step, rows)
+        return inputs, targets
+
+    def _noised(self, inputs: torch.Tensor, seed: int, step: int, rows: range) -> torch.Tensor:
+        """`inputs` (rows `rows` of batch (seed, step)) with each byte replaced by a uniform random byte
+        with probability byte_noise; the draws are the whole batch's, so they do not depend on the rank."""
+        gen = rng.generator(seed, step, "byte_noise")
+        shape = (self.batch_size, self.seq_len)
+        hit = torch.rand(shape, generator=gen)[rows.start : rows.stop] < self.byte_noise
+        noise = torch.randint(0, 256, shape, generator=gen)[rows.start : rows.stop]
+        return torch.where(hit, noise, inputs)
 
     def _check_split(self, split: str) -> int:
         size = self.corpus.split_size(split)
