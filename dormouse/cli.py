@@ -126,7 +126,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 depth=depth_field(cfg) if depth is None else f"eval{depth}/{cfg.model.depth}",
                 stress=stress.summary(),
             )
-            print(eval_line({**record, "window": seq_len}))
+            record["window"] = seq_len
+            if t.ema_decay:  # load_model put the run's weight average in the model
+                record["weights"] = f"ema{t.ema_decay:g}"
+            print(eval_line(record))
     return 0
 
 

@@ -146,6 +146,14 @@ class TrainConfig:
         hi=1.0,
         hi_open=True,
     )
+    ema_decay: float = _f(
+        0.0,
+        "evals score an exponential moving average of the weights, decay min(ema_decay, (1 + s) / (10 + s)) "
+        "after update s, saved in each checkpoint and loaded by eval and generate (train/ema.py); 0 = off",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+    )
     seed: int = _f(0, "seed of every random stream (rng.py)", lo=0)
     dtype: str = _f(
         "fp32",
@@ -384,6 +392,11 @@ def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:
         )
     if t.engram_shard and t.parallel == "fsdp":
         raise ConfigError("engram_shard is built for parallel ddp, not fsdp (--engram-shard with --parallel fsdp)")
+    # The average is kept per parameter as the model holds it: whole on one process or DDP's replicas.
+    if t.ema_decay and (t.engram_shard or t.parallel == "fsdp"):
+        raise ConfigError(
+            "ema_decay averages whole parameters: not built with sharded ones (--engram-shard or --parallel fsdp)"
+        )
 
 
 def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:

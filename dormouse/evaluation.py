@@ -185,6 +185,7 @@ def eval_line(record: dict) -> str:
     keys += (*AUX_TERMS, "fallbacks")
     keys += ("wall_s",) if "wall_s" in record else ()  # a training run's; `dormouse eval` has none
     keys += ("window",) if "window" in record else ()  # `dormouse eval`'s window length in bytes
+    keys += ("weights",) if "weights" in record else ()  # `ema<decay>`: the scored weights are the average
     fields = " ".join(f"{k}={_fmt(record[k])}" for k in keys)
     return f"eval {fields} {record['stress']}"
 

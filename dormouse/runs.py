@@ -14,6 +14,7 @@ from dormouse.data.default_corpus import default_corpus_dir, describe_default_co
 from dormouse.data.shards import Corpus, load_corpus
 from dormouse.errors import ConfigError
 from dormouse.model import precision
+from dormouse.train.ema import EMA_FILE, load_average_
 
 
 def open_corpus(data: str | Path | None) -> tuple[Corpus, str]:
@@ -61,4 +62,6 @@ def load_model(run: str | Path, which: str = "best", device: str = "cpu"):
     ck = checkpoint.load(run, which)
     model = DormouseLM(cfg.model, seed=cfg.train.seed)
     model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])
+    if cfg.train.ema_decay:  # the run scored its average: so do eval and decode
+        load_average_(model, ck.tensors.get(EMA_FILE))
     return model.to(device).eval(), cfg, ck

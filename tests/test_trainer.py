@@ -136,6 +136,32 @@ def test_byte_noise_reaches_the_training_batches_and_repeats(corpus, tmp_path):
     assert evals(runs["noisy"])[-1]["heldout_bytes"] == evals(runs["clean"])[-1]["heldout_bytes"]
 
 
+def test_weight_average_is_what_evals_score_resumes_bitwise_and_eval_loads(corpus, tmp_path, capsys):
+    cfg = tiny_config(steps=8, eval_every=4, ema_decay=0.8)
+    whole = fresh(cfg, corpus, tmp_path / "whole")
+    whole.run_loop()
+    split = fresh(cfg, corpus, tmp_path / "split")
+    split.run_loop(until_step=4)
+    resumed = fresh(cfg, corpus, tmp_path / "split", resume=True)
+    resumed.run_loop()
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
+    assert [e["bpb"] for e in evals(tmp_path / "split")] == [e["bpb"] for e in evals(tmp_path / "whole")]
+    assert all(torch.equal(a, b) for a, b in zip(resumed.ema.average, whole.ema.average, strict=True))
+    # the eval scored the average, not the trained weights
+    last = evals(tmp_path / "whole")[-1]
+    assert last["weights"] == "ema0.8"
+    score = dict(seq_len=32, batch_size=4, eval_bytes=0, device="cpu", autocast=contextlib.nullcontext)
+    trained = heldout_score(whole.model, corpus, **score).bpb
+    with whole.ema.in_model():
+        averaged = heldout_score(whole.model, corpus, **score).bpb
+    assert averaged == last["bpb"] != trained
+    # `dormouse eval` loads the checkpoint's average and prints the training's score
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "whole"), "--ckpt", "last"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("eval ")][0]
+    assert f" bpb={last['bpb']:.4f} " in line and " weights=ema0.8 " in line
+
+
 def test_refuses_to_overwrite_a_run(corpus, tmp_path):
     fresh(tiny_config(), corpus, tmp_path / "run").run_loop(until_step=4)
     with pytest.raises(config.ConfigError, match="is not empty"):

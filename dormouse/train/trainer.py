@@ -8,6 +8,7 @@ torchrun (`--parallel ddp` or `fsdp`, docs/distributed.md) each rank trains its 
 DDP replica or on its FSDP2 shards, and rank 0 alone prints and writes.
 """
 
+import contextlib
 import json
 import math
 import secrets
@@ -39,6 +40,7 @@ from dormouse.model.engram_shard import (
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
+from dormouse.train.ema import EMA_FILE, WeightAverage
 from dormouse.train.graphed import GraphedStep
 from dormouse.train.graphed_update import GraphedUpdate
 from dormouse.train.parallel import (
@@ -87,6 +89,7 @@ class Trainer:
             self.graphed = GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
             if t.graph_update:  # else the update runs as the eager step runs it
                 self.graphed_update = GraphedUpdate(self.model, self.opt)
+        self.ema = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None  # what evals score
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
@@ -126,6 +129,8 @@ class Trainer:
         table_state = local_table_state(self.model, ck.optimizer_tensors.get(ENGRAM_FILE, {}))  # sharded: my rows
         self.opt.load_split_state_dict(ck.optimizer_state, table_state)
         shard_optimizer_state_(self.opt)
+        if self.ema is not None:
+            self.ema.load_state_dict(ck.tensors.get(EMA_FILE))
         self.stress.load_state_dict(ck.state["stress"])
         self.step, self.run_id = ck.step, ck.state["run_id"]
         self.saved_step = ck.step
@@ -235,6 +240,8 @@ class Trainer:
             self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
             values = self._checked_values(step, terms)
             self.opt.step()
+        if self.ema is not None:
+            self.ema.update(step)
         self.opt.zero_grad(set_to_none=True)
         return values["ce"]
 
@@ -306,16 +313,17 @@ class Trainer:
 
     def evaluate(self, window_ce: list[float], window_ms: list[float]) -> dict:
         t = self.cfg.train
-        held = heldout_score(
-            self.model,
-            self.corpus,
-            seq_len=t.seq_len,
-            batch_size=t.batch_size,
-            eval_bytes=t.eval_bytes,
-            device=self.device,
-            autocast=self.autocast,
-            world=self.world,
-        )
+        with self.ema.in_model() if self.ema is not None else contextlib.nullcontext():
+            held = heldout_score(
+                self.model,
+                self.corpus,
+                seq_len=t.seq_len,
+                batch_size=t.batch_size,
+                eval_bytes=t.eval_bytes,
+                device=self.device,
+                autocast=self.autocast,
+                world=self.world,
+            )
         record = eval_record(
             self.step,
             held,
@@ -326,6 +334,8 @@ class Trainer:
             stress=self.stress.summary(),
         )
         record["wall_s"] = time.monotonic() - dormouse.IMPORTED  # start-up and compiling included
+        if self.ema is not None:
+            record["weights"] = f"ema{t.ema_decay:g}"
         self.depths = []
         counters.reset_all()
         ledger.COUNTS.clear()
@@ -358,6 +368,8 @@ class Trainer:
         if not keep:
             self.saved_step = self.step
             return
+        if self.ema is not None:
+            tensors = {**tensors, EMA_FILE: self.ema.state_dict()}
         state = {
             "run_id": self.run_id,
             "best_bpb": self.best_bpb,
