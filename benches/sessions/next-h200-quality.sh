@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Planned device call (not run yet): quality A/Bs on the validation slice at the candidate's own budget
+# (configs/tinyshakespeare.toml as it stands: weight decay 0.5, 2400 steps), evals every 300, recorded,
+# one seed, every B against one arm A (--reuse-a): the weight average (new in session 9, never run on a
+# GPU), input byte noise (new, never run on a GPU), and the d-384 model that led at 1800 steps. Carry
+# .whl, .gpu-data, .device-commit and .triton-cache. ~6 min at ~28 ms/step.
+V=.gpu-data/ts-val
+C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --eval-every 300 --record"
+keep() {  # name: the A/B's JSON and each arm's metrics under $OUT
+  echo "cp /tmp/$1/ab.json \$OUT/$1.json; for a in a b; do cp /tmp/$1/\$a/seed-0/metrics.jsonl \$OUT/$1.\$a.metrics.jsonl 2>/dev/null; done"
+}
+ab() {  # name, arm B's flags, extra flags (--reuse-a)
+  echo "python3 -m dormouse ab $C --a '' --b '$2' $3 --out /tmp/$1 > \$OUT/$1.log 2>&1; $(keep "$1"); grep -a -E '^(overall|ms/step)' \$OUT/$1.log | cut -c1-150"
+}
+export TRITON_CACHE_BACK=1
+exec bash benches/gpu_session.sh \
+  "$(ab q-ema '--ema-decay 0.998')" \
+  "$(ab q-noise '--byte-noise 0.05' '--reuse-a /tmp/q-ema')" \
+  "$(ab q-d384 '--d-model 384 --n-heads 6 --ffn-hidden 1152' '--reuse-a /tmp/q-ema')" \
+  "$(ab q-noise-ema '--byte-noise 0.05 --ema-decay 0.998' '--reuse-a /tmp/q-ema')"
