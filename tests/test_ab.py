@@ -321,7 +321,9 @@ def test_record_and_eval_depths_append_one_priceable_row_per_arm(corpus_dir, tmp
     assert cost["known"] and str(out / "ab.json") in cost["text"]
 
 
-@pytest.mark.parametrize("b", ["--mor", "--no-engram", "--dspark-weight 0.1", "--jepa-weight 0.1"])
+@pytest.mark.parametrize(
+    "b", ["--mor", "--no-engram", "--dspark-weight 0.1", "--jepa-weight 0.1", "--ema-decay 0.5", "--byte-noise 0.1"]
+)
 def test_the_arms_to_be_run_record_with_depths(b, corpus_dir, tmp_path):
     history = tmp_path / "h.tsv"
     argv = ["ab", "--a", "", "--b", b, "--seeds", "1", "--steps", "2", "--data", str(corpus_dir), "--record"]

@@ -326,16 +326,17 @@ def full_heldout(trainer: Trainer, corpus: Corpus, depth: int | None = None):
     """The final model's score on every held-out byte under the run's own autocast (`depth` loop
     iterations; None: the model's)."""
     t = trainer.cfg.train
-    return heldout_score(
-        trainer.model,
-        corpus,
-        seq_len=t.seq_len,
-        batch_size=t.batch_size,
-        eval_bytes=0,
-        device=trainer.device,
-        autocast=trainer.autocast,
-        depth=depth,
-    )
+    with trainer.scored_weights():  # the run's weight average under ema_decay, as its evals scored
+        return heldout_score(
+            trainer.model,
+            corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=0,
+            device=trainer.device,
+            autocast=trainer.autocast,
+            depth=depth,
+        )
 
 
 def depth_means(runs: list[dict]) -> dict[str, float]:

@@ -311,9 +311,14 @@ class Trainer:
             raise KeyboardInterrupt
         return record
 
+    def scored_weights(self):
+        """The weights a score of this run is of, in the model for a `with` block: the weight average
+        under `ema_decay` (swapped in and back), else the trained weights as they are."""
+        return self.ema.in_model() if self.ema is not None else contextlib.nullcontext()
+
     def evaluate(self, window_ce: list[float], window_ms: list[float]) -> dict:
         t = self.cfg.train
-        with self.ema.in_model() if self.ema is not None else contextlib.nullcontext():
+        with self.scored_weights():
             held = heldout_score(
                 self.model,
                 self.corpus,
