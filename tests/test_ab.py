@@ -12,7 +12,7 @@ from dormouse import config
 from dormouse.cli import main
 from dormouse.data.shards import load_corpus
 from dormouse.tools import ab_merge
-from dormouse.tools.ab import price
+from dormouse.tools.ab import price, report_lines
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
 from dormouse.tools.bench import ADDED_COLUMNS, COLUMNS, code_fingerprint
 from dormouse.tools.history import measured_rows, read_history, setting
@@ -145,9 +145,16 @@ def test_two_seeds_write_every_number_and_repeat_bitwise(corpus_dir, tmp_path):
             assert (run["seed"], run["steps"], len(run["step_ms"])) == (seed, 4, 4)
             assert math.isfinite(run["bpb"]) and 0 < run["bpb"] < 9 and run["heldout_bytes"] == 599
             assert [s for s, _ in run["curve"]] == [2, 4] and run["ms_per_step"] > 0
-    for row in first["per_seed"]:
+    for row, a_run, b_run in zip(first["per_seed"], first["runs"]["a"], first["runs"]["b"], strict=True):
         assert row["diff"] == row["b_bpb"] - row["a_bpb"]
+        for lowest, run in ((row["a_lowest"], a_run), (row["b_lowest"], b_run)):  # [step, bpb] of the curve's min
+            assert lowest in run["curve"] and lowest[1] == min(bpb for _, bpb in run["curve"])
     overall = first["overall"]
+    lines = report_lines(first["per_seed"], overall)
+    (a_step, a_bpb), (b_step, b_bpb) = first["per_seed"][0]["a_lowest"], first["per_seed"][0]["b_lowest"]
+    assert lines[0].endswith(f"; lowest eval A {a_bpb:.4f}@{a_step}, B {b_bpb:.4f}@{b_step}")
+    before = {k: v for k, v in first["per_seed"][0].items() if not k.endswith("_lowest")}  # an older ab.json
+    assert "lowest" not in report_lines([before], overall)[0]
     assert overall["dof"] == 1 and overall["t"] == pytest.approx(12.7062, abs=1e-4) and len(overall["ci95"]) == 2
     assert (tmp_path / "one" / "ab.png").stat().st_size > 0
 

@@ -344,8 +344,23 @@ def depth_means(runs: list[dict]) -> dict[str, float]:
     return {d: statistics.fmean(r["bpb_by_depth"][d] for r in runs) for d in runs[0]["bpb_by_depth"]}
 
 
+def _lowest_text(row: dict) -> str:
+    """'; lowest eval A 2.0944@1500, B …' (comparisons written before it was kept: nothing)."""
+    if "a_lowest" not in row:
+        return ""
+    (a_step, a_bpb), (b_step, b_bpb) = row["a_lowest"], row["b_lowest"]
+    return f"; lowest eval A {a_bpb:.4f}@{a_step}, B {b_bpb:.4f}@{b_step}"
+
+
 def _depth_text(means: dict[str, float]) -> str:
     return " ".join(f"{d}:{bpb:.4f}" for d, bpb in means.items())
+
+
+def lowest_eval(curve: list[list]) -> list:
+    """[step, bpb] of a run's lowest eval: where an overfitting run was best. Reported beside the score,
+    never the score (the protocol scores the final model: choosing the step by the curve would be a
+    choice made on the held-out data)."""
+    return list(min(curve, key=lambda point: point[1]))
 
 
 def summarise(runs: dict[str, list[dict]]) -> tuple[list[dict], dict]:
@@ -358,6 +373,8 @@ def summarise(runs: dict[str, list[dict]]) -> tuple[list[dict], dict]:
             "diff": b["bpb"] - a["bpb"],
             "a_ms_per_step": a["ms_per_step"],
             "b_ms_per_step": b["ms_per_step"],
+            "a_lowest": lowest_eval(a["curve"]),
+            "b_lowest": lowest_eval(b["curve"]),
         }
         for a, b in zip(runs["a"], runs["b"], strict=True)
     ]
@@ -423,7 +440,7 @@ def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: date
 def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
     lines = [
         f"seed {r['seed']}: A {r['a_bpb']:.4f} bpb, B {r['b_bpb']:.4f} bpb, B-A {r['diff']:+.4f}; "
-        f"ms/step A {r['a_ms_per_step']:.4g}, B {r['b_ms_per_step']:.4g}"
+        f"ms/step A {r['a_ms_per_step']:.4g}, B {r['b_ms_per_step']:.4g}{_lowest_text(r)}"
         for r in per_seed
     ]
     ci = overall["ci95"]
