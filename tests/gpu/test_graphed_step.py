@@ -32,24 +32,38 @@ AUX = {"jepa_weight": 0.2, "dspark_weight": 0.2, "engram_layers": "0,1"}
 # bf16 autocast, and fp32 weights on TF32 kernels; not IEEE fp32, whose Triton kernels take ~4 minutes
 # to compile and autotune on a cold machine (benches/logs/2026-12-02-h200-session4/gate-fp32.log). Dropout:
 # the captured masks come from a registered generator reseeded per step, the eager ones from a fresh one.
+# The weight average swaps itself into the captured parameters for each eval and back (in place); byte
+# noise changes the batch before it is copied into the graph's inputs.
+AVERAGED = {"ema_decay": 0.9, "byte_noise": 0.05}
+
+
 @pytest.mark.parametrize(
-    "model,dtype",
+    "model,dtype,extra",
     [
-        ({}, "bf16"),
-        ({"dropout": 0.2}, "bf16"),
-        (AUX, "bf16"),
-        ({"mixer": "attention"}, "bf16"),
-        ({}, "tf32"),
-        ({"dropout": 0.2, **AUX}, "tf32"),
+        ({}, "bf16", {}),
+        ({"dropout": 0.2}, "bf16", {}),
+        (AUX, "bf16", {}),
+        ({"mixer": "attention"}, "bf16", {}),
+        ({}, "bf16", AVERAGED),
+        ({}, "tf32", {}),
+        ({"dropout": 0.2, **AUX}, "tf32", {}),
     ],
-    ids=["default-bf16", "dropout-bf16", "aux-terms-two-memories-bf16", "attention-bf16", "default-tf32", "all-tf32"],
+    ids=[
+        "default-bf16",
+        "dropout-bf16",
+        "aux-terms-two-memories-bf16",
+        "attention-bf16",
+        "ema-byte-noise-bf16",
+        "default-tf32",
+        "all-tf32",
+    ],
 )
-def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dtype):
+def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dtype, extra):
     corpus = load_corpus(random_corpus(20000, repeats=2))
     # `small`'s widths at T 256, B 64 (the quality runs' shape): fla's kernels are the ones those runs
     # compiled and pinned, so the test does not autotune for minutes on a cold machine.
     shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
-    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "warmup_steps": 2, "eval_every": 4, "dtype": dtype}
+    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "warmup_steps": 2, "eval_every": 4, "dtype": dtype, **extra}
     # Eager, graphed, eager again: a kernel autotuned inside the first run (counted as fla.unpinned on its
     # eval line) is told apart from a graph that computes differently. The graph is held to the second.
     runs = []
@@ -69,5 +83,8 @@ def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dt
     assert graph_w.keys() == eager_w.keys()
     for k in eager_w:
         assert torch.equal(graph_w[k], eager_w[k]), k
+    if extra.get("ema_decay"):  # the averages too, and the evals scored them
+        assert all(torch.equal(g, e) for g, e in zip(graphed.ema.average, runs[2][3].ema.average, strict=True))
+        assert graph_evals[-1]["weights"] == "ema0.9"
     # Two eager runs of one process agree too (what `dormouse replay` checks across processes).
     assert [r["ce"] for r in first[0]] == [r["ce"] for r in eager_train]
