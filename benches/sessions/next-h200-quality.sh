@@ -3,7 +3,8 @@
 # (configs/tinyshakespeare.toml as it stands: weight decay 0.5, 2400 steps), evals every 300, recorded,
 # one seed, every B against one arm A (--reuse-a): the weight average (new in session 9, never run on a
 # GPU), input byte noise (new, never run on a GPU), and the d-384 model that led at 1800 steps. Carry
-# .whl, .gpu-data, .device-commit and .triton-cache. ~6 min at ~28 ms/step.
+# .whl, .gpu-data, .device-commit and .triton-cache. ~6 min at ~28 ms/step. First, the graphed-step GPU
+# test's weight-average case (graph == eager with the average and byte noise).
 V=.gpu-data/ts-val
 C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --eval-every 300 --record"
 keep() {  # name: the A/B's JSON and each arm's metrics under $OUT
@@ -14,6 +15,7 @@ ab() {  # name, arm B's flags, extra flags (--reuse-a)
 }
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh \
+  "python3 -m pytest -v tests/gpu/test_graphed_step.py -k ema > \$OUT/test-graphed-ema.log 2>&1; grep -a -E 'PASS|FAIL|passed|failed|^E ' \$OUT/test-graphed-ema.log | cut -c1-160 | tail -8" \
   "$(ab q-ema '--ema-decay 0.998')" \
   "$(ab q-noise '--byte-noise 0.05' '--reuse-a /tmp/q-ema')" \
   "$(ab q-d384 '--d-model 384 --n-heads 6 --ffn-hidden 1152' '--reuse-a /tmp/q-ema')" \
