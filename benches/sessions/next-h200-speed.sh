@@ -7,7 +7,8 @@
 #  2. Warm start: the same with the carried cache (goal 10 s).
 #  3. `dormouse replay` on the H200 (the `small` defaults, step 2): two processes, IDENTICAL or not.
 #  4. Profile of `small` B 64 T 512 (6.1e5 tokens/s; goal 1e6): where its 53.8 ms go.
-#  5. fla's KDAForCausalLM baseline row (never finished before; its kernels are not in the pin).
+#  5. `small` B 10 with --baselines: dormouse, the SDPA GPT and fla's KDAForCausalLM in one process, so the
+#     ratios come from one run (fla-kda never finished before; its kernels are not in the pin).
 #  6. `small` B 64 with torch.compile (eager step, no CUDA graph: never measured on a GPU), against 4.
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V"
@@ -19,5 +20,5 @@ exec bash benches/gpu_session.sh \
   "$(timed warm "python3 -m dormouse bench $S --batch-size 10 --note 'warm: Triton cache carried'")" \
   "$(timed replay "python3 -m dormouse replay --preset small --seq-len 512 --batch-size 10 --dtype bf16 --data $V --step 2")" \
   "$(timed profile-b64 "python3 -m dormouse bench $S --batch-size 64 --profile 3 --note 'batch 64, profiled'")" \
-  "$(timed fla-kda "timeout 300 python3 -m dormouse bench --preset small --seq-len 512 --batch-size 10 --dtype bf16 --model fla-kda --data $V --note 'fla KDAForCausalLM baseline'")" \
+  "$(timed baselines "timeout 360 python3 -m dormouse bench $S --batch-size 10 --baselines --note 'dormouse with both baselines in one process'")" \
   "$(timed compile-b64 "timeout 300 python3 -m dormouse bench --preset small --seq-len 512 --dtype bf16 --data $V --batch-size 64 --compile --note 'batch 64, torch.compile, eager step'")"
