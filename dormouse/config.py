@@ -40,6 +40,11 @@ class ModelConfig:
     depth: int = _f(2, "times the looped block is applied", lo=1)
     ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3 d_model rounded up to 64", lo=0)
     mixer: str = _f("kda", "token mixer (--no-kda selects attention)", choices=("kda", "attention"))
+    attention_layers: str = _f(
+        "",
+        "block layers (0-based, comma-separated) whose mixer is softmax attention while the others run KDA "
+        "(a hybrid, as Kimi Linear's 3:1); '' = none",
+    )
     kda_backend: str = _f(
         "auto",
         "KDA implementation; auto = fla on CUDA, chunked on CPU",
@@ -314,6 +319,7 @@ def validate(cfg: Config) -> None:
     if m.head_dim == 0 and m.d_model % m.n_heads:
         raise ConfigError(f"n_heads {m.n_heads} does not divide d_model {m.d_model} (or set head_dim)")
     _check_engram_layers(m)
+    _check_attention_layers(m)
     if m.kda_safe_gate and not SAFE_GATE_BOUNDS[0] <= m.gate_lower_bound < SAFE_GATE_BOUNDS[1]:
         raise ConfigError(
             f"kda_safe_gate needs gate_lower_bound in [{SAFE_GATE_BOUNDS[0]}, {SAFE_GATE_BOUNDS[1]}) (the exponent "
@@ -382,6 +388,25 @@ def _check_adaptive_depth(m: ModelConfig, t: TrainConfig) -> None:
             "mor with attn_res is not built: AttnRes mixes every layer output, so a position that skips an "
             "iteration could not leave it unchanged"
         )
+
+
+def layer_mixers(m: ModelConfig) -> list[str]:
+    """The mixer of each block layer: `mixer`, except the `attention_layers` of a KDA model."""
+    chosen = {int(i) for i in m.attention_layers.split(",")} if m.attention_layers else set()
+    return ["attention" if m.mixer == "attention" or i in chosen else "kda" for i in range(m.block_layers)]
+
+
+def _check_attention_layers(m: ModelConfig) -> None:
+    if not m.attention_layers:
+        return
+    where = f"attention_layers {m.attention_layers!r}"
+    if m.mixer != "kda":
+        raise ConfigError(f"{where} with mixer {m.mixer}: every layer is attention already")
+    items = [i.strip() for i in m.attention_layers.split(",")]
+    if not all(i.isdigit() and int(i) < m.block_layers for i in items) or len(set(items)) != len(items):
+        raise ConfigError(f"{where}: distinct layer indices in 0..{m.block_layers - 1} (block_layers), comma-separated")
+    if len(items) == m.block_layers:
+        raise ConfigError(f"{where} names every block layer: use --mixer attention")
 
 
 def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:

@@ -90,7 +90,8 @@ def test_bench_refuses_minutes_and_zero_warmup(capsys):
     assert capsys.readouterr().err.count("error:") == 2
 
 
-ARMS = [{}, {"mixer": "attention"}, {"n_experts": 4, "experts_top_k": 2}, {"tie_embeddings": False}]
+ARMS = [{}, {"mixer": "attention"}, {"attention_layers": "1"}, {"n_experts": 4, "experts_top_k": 2}]
+ARMS += [{"tie_embeddings": False}]
 ARMS = [{**ENGRAM_OFF, **arm} for arm in ARMS] + [{"engram": True, "memory_slots": 8}]
 
 
@@ -111,8 +112,11 @@ def test_matmul_flops_equal_torchs_flop_counter(arm):
     flops = bench.count_flops(model, cfg)
     assert flops.dense == counts["aten.mm"] + counts.get("aten.addmm", 0)
     H, K, C, S = 2, 16, 16, 32 + cfg.model.memory_slots
-    mixer = H * (6 * K * K + 4 * C * K + 2 * C * K + C * 2 * K) if cfg.model.mixer == "kda" else H * K * 2 * (S + 1)
-    assert flops.mixer == 3 * 4 * S * 2 * 2 * mixer  # B·S·depth·block_layers, fwd + bwd
+    kda, attention = H * (6 * K * K + 4 * C * K + 2 * C * K + C * 2 * K), H * K * 2 * (S + 1)
+    kinds = {"": ["kda", "kda"], "attention": ["attention"] * 2, "1": ["kda", "attention"]}  # nano: 2 block layers
+    layers = kinds["attention" if cfg.model.mixer == "attention" else cfg.model.attention_layers]
+    per_layer = [kda if kind == "kda" else attention for kind in layers]
+    assert flops.mixer == 3 * 4 * S * 2 * sum(per_layer)  # B·S·depth·Σ layers, fwd + bwd
     assert flops.per_step == flops.dense + flops.mixer
 
 

@@ -150,3 +150,24 @@ def test_tinyshakespeare_recipe_stays_within_nanogpts_bytes_with_evals_at_quarte
     assert t.steps * t.batch_size * t.seq_len <= NANOGPT_BYTES
     assert [t.steps // 4, t.steps // 2] == [t.eval_every, 2 * t.eval_every] and t.steps % t.eval_every == 0
     assert (cfg.model.engram, cfg.model.dropout, t.cuda_graph) == (False, 0.2, True)
+
+
+def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
+    from dormouse.model.attention import CausalSelfAttention
+    from dormouse.model.kda import KDALayer
+    from dormouse.model.model import DormouseLM
+
+    hybrid = {"model": {"block_layers": 4, "attention_layers": "3,1"}}
+    cfg = config.resolve(config.build("nano", hybrid), cuda_available=False)
+    assert config.layer_mixers(cfg.model) == ["kda", "attention", "kda", "attention"]
+    kinds = [type(layer.mixer) for layer in DormouseLM(cfg.model).layers]
+    assert kinds == [KDALayer, CausalSelfAttention, KDALayer, CausalSelfAttention]
+    for model, message in [
+        ({"attention_layers": "2"}, "distinct layer indices in 0..1"),
+        ({"attention_layers": "0,0"}, "distinct layer indices"),
+        ({"attention_layers": "x"}, "distinct layer indices"),
+        ({"attention_layers": "0,1"}, "names every block layer: use --mixer attention"),
+        ({"attention_layers": "0", "mixer": "attention"}, "every layer is attention already"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            config.validate(config.build("nano", {"model": model}))

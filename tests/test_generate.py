@@ -21,9 +21,11 @@ def tiny_model(sharpen=40.0, **model):
     return model
 
 
-@pytest.mark.parametrize("mixer", ["kda", "attention"])
-def test_greedy_decoding_equals_argmax_of_the_full_forward(mixer):
-    model = tiny_model(mixer=mixer)
+@pytest.mark.parametrize(
+    "arm", [{"mixer": "kda"}, {"mixer": "attention"}, {"attention_layers": "1"}], ids=["kda", "attention", "hybrid"]
+)
+def test_greedy_decoding_equals_argmax_of_the_full_forward(arm):
+    model = tiny_model(**arm)
     prompt = b"The dormouse"
     out = generate(model, prompt, max_bytes=12, temperature=0)
     seq = list(prompt)

@@ -28,9 +28,11 @@ def draft_model(mixer="kda", **model):
     return model
 
 
-@pytest.mark.parametrize("mixer", ["kda", "attention"])
-def test_greedy_speculative_output_is_plain_greedy_output(mixer):
-    model = draft_model(mixer)
+@pytest.mark.parametrize(
+    "mixer,layers", [("kda", ""), ("attention", ""), ("kda", "1")], ids=["kda", "attention", "hybrid"]
+)
+def test_greedy_speculative_output_is_plain_greedy_output(mixer, layers):
+    model = draft_model(mixer, attention_layers=layers)
     plain = generate(model, PROMPT, max_bytes=20, temperature=0)
     spec = generate(model, PROMPT, max_bytes=20, temperature=0, speculative=True)
     assert (spec.bytes, spec.iterations) == (plain.bytes, plain.iterations)

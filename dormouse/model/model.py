@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse import rng
-from dormouse.config import ModelConfig, engram_layers
+from dormouse.config import ModelConfig, engram_layers, layer_mixers
 from dormouse.errors import CheckpointError
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
@@ -81,11 +81,11 @@ class Trunk:
 class Layer(nn.Module):
     """Pre-norm mixer then pre-norm FFN. Returns what the layer adds (mixer + FFN outputs)."""
 
-    def __init__(self, cfg: ModelConfig, gen: torch.Generator):
+    def __init__(self, cfg: ModelConfig, gen: torch.Generator, mixer: str):
         super().__init__()
         d = cfg.d_model
         self.mixer_norm = RMSNorm(d, cfg.norm_eps)
-        if cfg.mixer == "kda":
+        if mixer == "kda":
             self.mixer = KDALayer(
                 d,
                 cfg.n_heads,
@@ -139,7 +139,7 @@ class DormouseLM(nn.Module):
         self.memory = None
         if cfg.persistent_memory != "disabled":
             self.memory = PersistentMemory(cfg.memory_slots, d, cfg.persistent_memory, generator=gen)
-        self.layers = nn.ModuleList(Layer(cfg, gen) for _ in range(cfg.block_layers))
+        self.layers = nn.ModuleList(Layer(cfg, gen, mixer) for mixer in layer_mixers(cfg))
         # One engram memory per insertion layer (keyed by the layer's index), each with its own tables.
         self.engram = None
         if cfg.engram:

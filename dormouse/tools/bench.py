@@ -93,7 +93,7 @@ import torch
 from torch import nn
 
 from dormouse import counters, ledger
-from dormouse.config import Config
+from dormouse.config import Config, layer_mixers
 from dormouse.errors import ConfigError
 from dormouse.model import fla_kernels, precision
 
@@ -149,7 +149,8 @@ class FlopCount:
             f"flops_per_step = {self.per_step:.6g} = matmul weights {self.dense:.6g} + mixer {self.mixer:.6g}",
             f"  matmul weights touched: N_block {self.block_weights:,.0f} per position (every layer application), "
             f"N_byte {self.byte_weights:,.0f} per byte position",
-            f"  mixer forward FLOPs per position per layer application: {self.mixer_fwd_per_position:,.0f}",
+            "  mixer forward FLOPs per position per layer application (a hybrid: the mean): "
+            f"{self.mixer_fwd_per_position:,.0f}",
         ]
         if self.outside:
             lines.append("  nn.Linear outside the looped block, once per byte position: " + ", ".join(self.outside))
@@ -182,9 +183,10 @@ def count_flops(model: nn.Module, cfg: Config) -> FlopCount:
     block_weights = m.depth * block
     byte_weights = 256 * m.d_model + outside
     S, T, B = t.seq_len + m.memory_slots, t.seq_len, t.batch_size
-    mixer = mixer_fwd_flops(m.mixer, m.n_heads, m.head_dim, m.kda_chunk_size, S)
+    per_layer = [mixer_fwd_flops(kind, m.n_heads, m.head_dim, m.kda_chunk_size, S) for kind in layer_mixers(m)]
+    mixer = sum(per_layer) / len(per_layer)  # a hybrid's layers differ: their mean
     dense = 6 * B * S * block_weights + 6 * B * T * byte_weights
-    mixer_total = 3 * B * S * m.depth * m.block_layers * mixer
+    mixer_total = 3 * B * S * m.depth * sum(per_layer)
     return FlopCount(dense + mixer_total, dense, mixer_total, block_weights, byte_weights, mixer, outside_names)
 
 
@@ -212,6 +214,8 @@ def arms(cfg: Config) -> str:
     """The active arms and the resolved KDA backend: `kda(chunked)`, `attention,experts=4/top2,attn_res`, ..."""
     m = cfg.model
     out = [f"kda({m.kda_backend})" if m.mixer == "kda" else "attention"]
+    if m.attention_layers:
+        out.append(f"attention_layers={m.attention_layers.replace(',', '-')}")
     if m.n_experts > 1:
         out.append(f"experts={m.n_experts}/top{m.experts_top_k}")
     if m.attn_res:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 import dormouse
 from dormouse import checkpoint, counters, ledger
-from dormouse.config import Config
+from dormouse.config import Config, layer_mixers
 from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
 from dormouse.distributed import World
@@ -162,6 +162,8 @@ class Trainer:
             else "off"
         )
         self.log(f"kernels: kda={backend} norm={norm} conv={conv}")
+        if m.attention_layers:  # a hybrid block
+            self.log("mixers of the block layers: " + ", ".join(f"{i}:{k}" for i, k in enumerate(layer_mixers(m))))
         if backend == "fla" or m.norm_backend == "fused" or (has_conv and m.conv_backend == "fused"):
             self.log(fla_kernels.pin_note())
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
