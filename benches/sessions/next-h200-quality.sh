@@ -19,4 +19,5 @@ exec bash benches/gpu_session.sh \
   "$(ab q-ema '--ema-decay 0.998')" \
   "$(ab q-noise '--byte-noise 0.05' '--reuse-a /tmp/q-ema')" \
   "$(ab q-d384 '--d-model 384 --n-heads 6 --ffn-hidden 1152' '--reuse-a /tmp/q-ema')" \
-  "$(ab q-noise-ema '--byte-noise 0.05 --ema-decay 0.998' '--reuse-a /tmp/q-ema')"
+  "$(ab q-noise-ema '--byte-noise 0.05 --ema-decay 0.998' '--reuse-a /tmp/q-ema')" \
+  "$(ab q-hybrid '--attention-layers 3' '--reuse-a /tmp/q-ema')"
