@@ -2,8 +2,9 @@
 # Planned device call (not run yet): quality A/Bs on the validation slice at the candidate's own budget
 # (configs/tinyshakespeare.toml as it stands: weight decay 0.5, 2400 steps), evals every 300, recorded,
 # one seed, every B against one arm A (--reuse-a): the weight average (new in session 9, never run on a
-# GPU), input byte noise (new, never run on a GPU), and the d-384 model that led at 1800 steps. Carry
-# .whl, .gpu-data, .device-commit and .triton-cache. ~6 min at ~28 ms/step. First, the graphed-step GPU
+# GPU), input byte noise (new, never run on a GPU), the d-384 model that led at 1800 steps, and a hybrid
+# block (layer 3 of 4 softmax attention; new). Carry .whl, .gpu-data, .device-commit and .triton-cache.
+# ~8 min at ~28 ms/step: over one call's 600 s with start-up, the deadline skips the last. First, the graphed-step GPU
 # test's weight-average case (graph == eager with the average and byte noise).
 V=.gpu-data/ts-val
 C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --eval-every 300 --record"
