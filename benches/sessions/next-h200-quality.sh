@@ -14,6 +14,8 @@ keep() {  # name: the A/B's JSON and each arm's metrics under $OUT
 ab() {  # name, arm B's flags, extra flags (--reuse-a)
   echo "python3 -m dormouse ab $C --a '' --b '$2' $3 --out /tmp/$1 > \$OUT/$1.log 2>&1; $(keep "$1"); grep -a -E '^(overall|ms/step)' \$OUT/$1.log | cut -c1-150"
 }
+# --ema-decay 0.998: within 2400 steps the warm-up min(0.998, (1 + s) / (10 + s)) is the decay (0.9963 at
+# the end: an average over the last ~270 steps).
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh \
   "python3 -m pytest -v tests/gpu/test_graphed_step.py -k ema > \$OUT/test-graphed-ema.log 2>&1; grep -a -E 'PASS|FAIL|passed|failed|^E ' \$OUT/test-graphed-ema.log | cut -c1-160 | tail -8" \
