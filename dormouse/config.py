@@ -187,7 +187,7 @@ class TrainConfig:
     cuda_graph: bool = _f(
         False,
         "capture the step's forward and backward, then its clip and matrix update, as CUDA graphs and replay "
-        "them (CUDA, one process, fixed depth, no MoR or experts; dormouse/train/graphed.py)",
+        "them (CUDA, one process, one graph per loop depth, no MoR or experts; dormouse/train/graphed.py)",
     )
     graph_update: bool = _f(
         True,
@@ -429,7 +429,6 @@ def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
     if not t.cuda_graph:
         return
     changing = {
-        "rand_depth": (t.rand_depth, "the loop depth changes per step"),
         "mor": (m.mor, "MoR's routed positions change the shapes per step"),
         "n_experts": (m.n_experts > 1, "expert routing sizes its batches per step"),
         "engram_shard": (t.engram_shard, "sharded lookups exchange data-dependent sizes"),

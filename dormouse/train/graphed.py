@@ -4,8 +4,12 @@ Why: on the H200 the `small` step is bound by the host, not the GPU (docs/perfor
 work under ~120 ms of Python, fla's wrappers and ~900 launches). A replay launches the whole forward
 and backward at once.
 
-What is captured: the replica's forward and backward at the run's fixed (batch, seq_len) and depth,
-under the run's autocast, writing every dense parameter's gradient into the graph's own memory.
+What is captured: the replica's forward and backward at the run's fixed (batch, seq_len), under the
+run's autocast, writing every dense parameter's gradient into the graph's own memory: one graph per
+loop depth, each captured the first time a step runs at its depth (`--rand-depth` draws the depth per
+step; a fixed depth has one graph). The first graph's gradient buffers are the ones the update reads
+(its own graph captured their addresses): a step replayed from another depth's graph copies its
+gradients into them.
 What stays eager, around each replay:
 - copying the batch (and JEPA's span starts) into the graph's static inputs;
 - dropout's seed: the captured masks come from one CUDA generator registered with the graph
@@ -92,14 +96,23 @@ def set_table_grads_(model: DormouseLM, rows: dict[int, torch.Tensor], looked_up
             )
 
 
-class GraphedStep:
-    """Forward + backward of one training step, captured at the first call and replayed after it.
+class _Capture:
+    """One loop depth's captured step: its graph, the Output the graph refills, what it counted, and the
+    gradient buffers it writes (dense parameters', and each memory's looked-up rows')."""
 
-    `forward(x, y, jepa_starts, dropout_gen)` runs the replica and returns its Output (called at warm-up
-    and capture only); `dropout_gen` is the registered generator, or None with `dropout` off. A call
-    (with the step's dropout seed when dropout is on) returns the captured Output, whose loss, ce and aux
-    tensors the replay has refilled, with every parameter's `.grad` set: dense ones to the graph's
-    gradient buffers, each engram table's to its sparse gradient of this batch.
+    def __init__(self, graph, out: Output, counts: CountDelta, grads: dict, row_grads: dict):
+        self.graph, self.out, self.counts, self.grads, self.row_grads = graph, out, counts, grads, row_grads
+
+
+class GraphedStep:
+    """Forward + backward of one training step, captured per loop depth at its first call and replayed after.
+
+    `forward(x, y, jepa_starts, dropout_gen, depth)` runs the replica and returns its Output (called at
+    warm-up and capture only); `dropout_gen` is the registered generator, or None with `dropout` off. A
+    call (with the step's dropout seed when dropout is on, and its depth) returns that depth's captured
+    Output, whose loss, ce and aux tensors the replay has refilled, with every parameter's `.grad` set:
+    dense ones to the first graph's gradient buffers, each engram table's to its sparse gradient of
+    this batch.
     """
 
     def __init__(self, model: DormouseLM, forward, device: torch.device, dropout: bool = False):
@@ -107,30 +120,53 @@ class GraphedStep:
             raise ValueError(f"a CUDA graph needs a CUDA device, got {device}")
         self.model, self.forward, self.device = model, forward, device
         self.dropout_gen = torch.Generator(device=device) if dropout else None
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.captures: dict[int, _Capture] = {}  # loop depth -> its graph
         self.static: dict[str, torch.Tensor | None] = {}
-        self.rows: dict[int, torch.Tensor] = {}  # insertion layer -> [B, T, arms, dim] leaf the graph reads
-        self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}
-        self.out: Output | None = None
-        self.counts: CountDelta | None = None
+        self.rows: dict[int, torch.Tensor] = {}  # insertion layer -> [B, T, arms, dim] leaf the graphs read
+        self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}  # the first graph's: what the update reads
         self.replays = 0
 
     def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, jepa_starts: torch.Tensor | None, dropout_seed: int | None = None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        jepa_starts: torch.Tensor | None,
+        dropout_seed: int | None = None,
+        *,
+        depth: int,
     ) -> Output:
         if (dropout_seed is None) != (self.dropout_gen is None):
             raise ValueError(f"dropout is {'on' if self.dropout_gen else 'off'} in this graph; got seed {dropout_seed}")
-        # The capture leaves this batch in the static inputs and its rows looked up: replayed as they are.
-        looked_up = self._capture(x, y, jepa_starts) if self.graph is None else self._fill(x, y, jepa_starts)
+        if not self.static:
+            self._make_static(x, y, jepa_starts)
+        looked_up = self._fill(x, y, jepa_starts)
+        if depth not in self.captures:  # the capture leaves this batch's inputs in place: replayed as they are
+            self.captures[depth] = self._capture(depth)
+            self.grads = self.grads or self.captures[depth].grads
+        c = self.captures[depth]
         if self.dropout_gen is not None:  # the replay reads this seed, at offset 0
             self.dropout_gen.manual_seed(dropout_seed)
-        self.graph.replay()
+        c.graph.replay()
         self.replays += 1
-        self.counts.replay()
+        c.counts.replay()
+        if c.grads is not self.grads:  # another depth's graph: its gradients into the buffers the update reads
+            torch._foreach_copy_(list(self.grads.values()), [c.grads[p] for p in self.grads])
         for p, g in self.grads.items():  # the optimizers' zero_grad(set_to_none) dropped the references
             p.grad = g
+        for j, rows in self.rows.items():
+            rows.grad = c.row_grads[j]
         set_table_grads_(self.model, self.rows, looked_up)
-        return self.out
+        return c.out
+
+    def _make_static(self, x, y, jepa_starts) -> None:
+        """The graphs' inputs, shaped by the first batch: the batch, JEPA's starts, each memory's rows."""
+        starts = None if jepa_starts is None else jepa_starts.clone()
+        self.static = {"x": x.clone(), "y": y.clone(), "jepa_starts": starts}
+        for j, m in self.model.memories():
+            if not m.table.sparse:
+                raise ValueError("a captured step builds the engram tables' sparse gradients; this table is dense")
+            shape = (*x.shape, m.arms, m.dim)
+            self.rows[j] = torch.zeros(shape, device=self.device, dtype=m.table.weight.dtype, requires_grad=True)
 
     def _fill(self, x, y, jepa_starts) -> dict[int, torch.Tensor]:
         """Copy this step's inputs into the static tensors and look up its engram rows into theirs;
@@ -145,44 +181,38 @@ class GraphedStep:
             self.static["jepa_starts"].copy_(jepa_starts)
         return look_up_rows_(self.model, x, self.rows)
 
-    def _capture(self, x, y, jepa_starts) -> dict[int, torch.Tensor]:
-        """Warm up and capture on this batch; returns its looked-up rows as `_fill` does."""
-        starts = None if jepa_starts is None else jepa_starts.clone()
-        self.static = {"x": x.clone(), "y": y.clone(), "jepa_starts": starts}
-        for j, m in self.model.memories():
-            if not m.table.sparse:
-                raise ValueError("a captured step builds the engram tables' sparse gradients; this table is dense")
-            shape = (*x.shape, m.arms, m.dim)
-            self.rows[j] = torch.zeros(shape, device=self.device, dtype=m.table.weight.dtype, requires_grad=True)
+    def _capture(self, depth: int) -> _Capture:
+        """Warm up and capture the step at `depth` on the batch in the static inputs."""
         before = CountSnapshot()
         params = list(self.model.parameters())
         self._set_rows(True)
         try:
-            looked_up = self._fill(x, y, jepa_starts)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_RUNS):
                     self._clear_grads(params)
-                    self._forward_backward()
+                    self._forward_backward(depth)
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._clear_grads(params)
             before.restore()
-            self.graph = torch.cuda.CUDAGraph()
+            graph = torch.cuda.CUDAGraph()
             if self.dropout_gen is not None:
-                self.graph.register_generator_state(self.dropout_gen)
-            with torch.cuda.graph(self.graph):
-                self.out = self._forward_backward()
-            self.counts = before.since()
+                graph.register_generator_state(self.dropout_gen)
+            with torch.cuda.graph(graph):
+                out = self._forward_backward(depth)
+            counts = before.since()
             before.restore()
         finally:
             self._set_rows(False)
-        self.grads = {p: p.grad for p in params if p.grad is not None}
-        return looked_up
+        grads = {p: p.grad for p in params if p.grad is not None}
+        if self.grads and grads.keys() != self.grads.keys():
+            raise ValueError(f"the step at depth {depth} gives gradients to other parameters than the first graph's")
+        return _Capture(graph, out, counts, grads, {j: rows.grad for j, rows in self.rows.items()})
 
-    def _forward_backward(self) -> Output:
+    def _forward_backward(self, depth: int) -> Output:
         s = self.static
-        out = self.forward(s["x"], s["y"], s["jepa_starts"], self.dropout_gen)
+        out = self.forward(s["x"], s["y"], s["jepa_starts"], self.dropout_gen, depth)
         out.loss.backward()
         return out
 

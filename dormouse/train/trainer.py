@@ -199,10 +199,17 @@ class Trainer:
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
 
-    def _captured_forward(self, x, y, jepa_starts, dropout_gen):
-        """The forward a CUDA graph captures: the run's own, at the config's depth."""
+    def _captured_forward(self, x, y, jepa_starts, dropout_gen, depth):
+        """The forward a CUDA graph captures (one per loop depth): the run's own, as the eager step calls it."""
         with self.autocast():
-            return self.replica(x, y, jepa_starts=jepa_starts, dropout_gen=dropout_gen)
+            return self.replica(
+                x,
+                y,
+                depth=depth,
+                grad_iterations=self.cfg.train.rand_depth_bptt,
+                jepa_starts=jepa_starts,
+                dropout_gen=dropout_gen,
+            )
 
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
@@ -216,7 +223,7 @@ class Trainer:
         max_norm = t.grad_clip or math.inf  # grad_clip 0 = the norm only
         if self.graphed is not None:  # forward and backward replayed; the gradients are set
             seed = step_seed(t.seed, step) if self.cfg.model.dropout else None
-            out = self.graphed(x, y, starts, seed)
+            out = self.graphed(x, y, starts, seed, depth=depth)
             terms = {"loss": out.loss, "ce": out.ce, **out.aux}
         else:
             with self.autocast():

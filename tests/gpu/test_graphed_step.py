@@ -45,6 +45,7 @@ AVERAGED = {"ema_decay": 0.9, "byte_noise": 0.05}
         (AUX, "bf16", {}),
         ({"mixer": "attention"}, "bf16", {}),
         ({}, "bf16", AVERAGED),
+        ({"depth": 3}, "bf16", {"rand_depth": True, "rand_depth_bptt": 2}),
         ({}, "tf32", {}),
         ({"dropout": 0.2, **AUX}, "tf32", {}),
     ],
@@ -54,6 +55,7 @@ AVERAGED = {"ema_decay": 0.9, "byte_noise": 0.05}
         "aux-terms-two-memories-bf16",
         "attention-bf16",
         "ema-byte-noise-bf16",
+        "rand-depth-bf16",
         "default-tf32",
         "all-tf32",
     ],
@@ -76,6 +78,9 @@ def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dt
         runs.append((records(run, "train"), records(run, "eval"), weights, trainer))
     first, (graph_train, graph_evals, graph_w, graphed), (eager_train, eager_evals, eager_w, _) = runs
     assert graphed.graphed.replays == 8
+    # one graph per loop depth the steps drew (--rand-depth: depths 1..3 over 8 steps; else the config's)
+    drawn = {graphed.step_depth(s) for s in range(8)}
+    assert sorted(graphed.graphed.captures) == sorted(drawn) and (len(drawn) > 1) == bool(extra.get("rand_depth"))
     assert graphed.graphed_update.calls == 8 and graphed.graphed_update.graph is not None
     assert [r["ce"] for r in graph_train] == [r["ce"] for r in eager_train]
     for g, e in zip(graph_evals, eager_evals, strict=True):
