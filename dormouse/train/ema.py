@@ -52,21 +52,17 @@ class WeightAverage:
         return dict(zip(self.names, self.average, strict=True))
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor] | None) -> None:
-        with torch.no_grad():
-            for dst, src in zip(self.average, _matched(self.names, tensors), strict=True):
-                dst.copy_(src)
+        _copy_named_(self.average, self.names, tensors)
 
 
-def load_average_(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+def load_average_(model: torch.nn.Module, tensors: dict[str, torch.Tensor] | None) -> None:
     """Put a checkpoint's average into `model`'s parameters (eval and decode score what the run scored)."""
-    names = [name for name, _ in model.named_parameters()]
-    with torch.no_grad():
-        for p, src in zip([p for _, p in model.named_parameters()], _matched(names, tensors), strict=True):
-            p.copy_(src)
+    names, params = zip(*model.named_parameters(), strict=True)
+    _copy_named_(list(params), list(names), tensors)
 
 
-def _matched(names: list[str], tensors: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
-    """`tensors` in `names`' order; refuses a missing file or other parameter names."""
+def _copy_named_(dsts: list[torch.Tensor], names: list[str], tensors: dict[str, torch.Tensor] | None) -> None:
+    """Copy `tensors[name]` into each of `dsts` (named `names`); refuses a missing file or other names."""
     if tensors is None:
         raise CheckpointError(
             f"the run averages its weights (ema_decay) but the checkpoint has no {EMA_FILE}.safetensors"
@@ -74,4 +70,6 @@ def _matched(names: list[str], tensors: dict[str, torch.Tensor] | None) -> list[
     if sorted(tensors) != sorted(names):
         differ = sorted(set(tensors) ^ set(names))
         raise CheckpointError(f"{EMA_FILE}.safetensors holds other parameters than the model's: {differ[:5]}")
-    return [tensors[name] for name in names]
+    with torch.no_grad():
+        for dst, name in zip(dsts, names, strict=True):
+            dst.copy_(tensors[name])
