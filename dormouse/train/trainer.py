@@ -86,7 +86,7 @@ class Trainer:
         # Then the clip and NesterovSinkhorn's step, captured at the second step (train/graphed_update.py).
         self.graphed, self.graphed_update = None, None
         if t.cuda_graph:
-            self.graphed = GraphedStep(self.model, self._captured_forward, self.device, dropout=cfg.model.dropout > 0)
+            self.graphed = GraphedStep(self.model, self._forward, self.device, dropout=cfg.model.dropout > 0)
             if t.graph_update:  # else the update runs as the eager step runs it
                 self.graphed_update = GraphedUpdate(self.model, self.opt)
         self.ema = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None  # what evals score
@@ -199,8 +199,8 @@ class Trainer:
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
 
-    def _captured_forward(self, x, y, jepa_starts, dropout_gen, depth):
-        """The forward a CUDA graph captures (one per loop depth): the run's own, as the eager step calls it."""
+    def _forward(self, x, y, jepa_starts, dropout_gen, depth):
+        """A training step's forward, eager or as a CUDA graph captures it (one graph per loop depth)."""
         with self.autocast():
             return self.replica(
                 x,
@@ -226,15 +226,7 @@ class Trainer:
             out = self.graphed(x, y, starts, seed, depth=depth)
             terms = {"loss": out.loss, "ce": out.ce, **out.aux}
         else:
-            with self.autocast():
-                out = self.replica(
-                    x,
-                    y,
-                    depth=depth,
-                    grad_iterations=t.rand_depth_bptt,
-                    jepa_starts=starts,
-                    dropout_gen=self.dropout_gen(step),
-                )
+            out = self._forward(x, y, starts, self.dropout_gen(step), depth)
             # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
             terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
             out.loss.backward()
