@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned device call (not run yet): quality A/Bs on the validation slice at the candidate's own budget
+# Device call 1 of session 10: quality A/Bs on the validation slice at the candidate's own budget
 # (configs/tinyshakespeare.toml as it stands: weight decay 0.5, 2400 steps), evals every 300, recorded,
 # one seed, every B against one arm A (--reuse-a): the weight average (new in session 9, never run on a
 # GPU), the d-384 model that led at 1800 steps, --rand-depth (now under --cuda-graph: one graph per depth;
