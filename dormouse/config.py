@@ -436,6 +436,13 @@ def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
     for name, (on, why) in changing.items():
         if on:
             raise ConfigError(f"cuda_graph with {name} is not built: {why}, a captured graph replays fixed ones")
+    if m.engram and t.rand_depth and t.rand_depth_min <= t.rand_depth_bptt < m.depth:
+        # The memories join the first iteration only: a step deeper than rand_depth_bptt trains none of
+        # their weights, a shallower one does, and the captured update reads one fixed set of gradients.
+        raise ConfigError(
+            f"cuda_graph with engram and rand_depth_bptt {t.rand_depth_bptt} < depth {m.depth} is not built: "
+            "the engram gets gradients at some sampled depths and none at others"
+        )
 
 
 def _check_aux_terms(m: ModelConfig, t: TrainConfig) -> None:

@@ -108,6 +108,19 @@ def test_random_depth_is_held_by_one_graph_per_depth():
     config.validate(config.build("nano", {"train": {"cuda_graph": True, "rand_depth": True}}))  # not refused
 
 
+def test_random_depth_that_leaves_the_engram_untrained_at_some_depths_is_refused():
+    # depth 3, gradients through the last 2 iterations: the engram (first iteration only) trains at depths
+    # 1 and 2, not at 3; the captured update cannot skip parameters per step as the eager one does (no
+    # depth over 1 trains it with min 2 and bptt 1: one set of gradients, allowed)
+    train = {"cuda_graph": True, "rand_depth": True, "rand_depth_bptt": 2}
+    with pytest.raises(ConfigError, match="engram and rand_depth_bptt 2 < depth 3"):
+        config.validate(config.build("nano", {"model": {"depth": 3}, "train": train}))
+    config.validate(config.build("nano", {"model": {"depth": 3, "engram": False}, "train": train}))
+    config.validate(
+        config.build("nano", {"model": {"depth": 3}, "train": {**train, "rand_depth_min": 2, "rand_depth_bptt": 1}})
+    )
+
+
 def test_cuda_graph_needs_one_process_on_cuda():
     cfg = config.build("nano", {"train": {"cuda_graph": True}})
     with pytest.raises(ConfigError, match="cuda_graph needs one process on CUDA; this run is device cpu"):
