@@ -238,6 +238,10 @@ def arms(cfg: Config) -> str:
         out.append(f"jepa={m.jepa_spans}x{m.jepa_span}")
     if m.dropout:  # its masks cost a random draw and a multiply per place
         out.append(f"dropout={m.dropout:g}")
+    if t.byte_noise:  # a draw per input byte
+        out.append(f"byte_noise={t.byte_noise:g}")
+    if t.ema_decay:  # the average's update after each step
+        out.append(f"ema={t.ema_decay:g}")
     if t.cuda_graph:  # not an arm, but a row of a replayed step must not price the eager one
         out.append("cuda_graph" if t.graph_update else "cuda_graph(eager_update)")
     return ",".join(out)
