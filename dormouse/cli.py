@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from dormouse.runs import open_corpus, run_config, run_corpus
     from dormouse.train.trainer import Trainer
 
+    if args.history and not args.record:
+        raise ConfigError("--history names the TSV --record appends to; add --record")
     if args.resume:
         cfg = resume_config(run_config(args.resume), args)
         run = args.resume
@@ -86,7 +89,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
             return 130
     if world.is_main:
         print(f"curves: {plot_curves(trainer.run)}")
+        if args.record:
+            _record_run(trainer, Path(args.history) if args.history else None)
     return 0
+
+
+def _record_run(trainer, history: Path | None) -> None:
+    """`train --record`: the run as one history row (tools/train_row.py)."""
+    import torch
+
+    from dormouse.tools.bench import append_row, git_commit, repo_root
+    from dormouse.tools.train_row import train_row
+
+    history = history or repo_root() / "benches" / "history.tsv"
+    records = [json.loads(line) for line in (trainer.run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    row = train_row(
+        trainer.cfg,
+        trainer.step_ms,
+        evals,
+        run=trainer.run,
+        commit=git_commit(repo_root()),
+        torch_version=torch.__version__,
+    )
+    append_row(history, row)
+    print(f"train: appended a row (held-out {row['heldout_bpb']} bpb) to {history}")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -305,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="continue RUN from its last checkpoint (only --steps / --minutes may change)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="at the end, append the run as a row (its last eval's held-out bpb, every step's time) to "
+        "benches/history.tsv (or --history)",
+    )
+    p.add_argument("--history", metavar="TSV", default=None, help="with --record: the TSV to append to")
     add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 

@@ -1,7 +1,13 @@
 """benches/history.tsv as data: only rows of the very setting count as measurements."""
 
+import json
+from pathlib import Path
+
+from dormouse import config
+from dormouse.cli import main
 from dormouse.tools.bench import COLUMNS
-from dormouse.tools.history import measured_rows, read_history
+from dormouse.tools.history import measured_rows, read_history, setting
+from dormouse.tools.train_row import train_row
 
 WANTED = {
     "device": "cpu (AMD EPYC, 1 threads)",
@@ -55,3 +61,66 @@ def test_no_file_and_no_match_are_no_rows(tmp_path):
     assert read_history(tmp_path / "absent.tsv") == []
     write_tsv(tmp_path / "history.tsv", [row("h200", device="NVIDIA H200")])
     assert measured_rows(read_history(tmp_path / "history.tsv"), WANTED) == []
+
+
+def test_train_record_appends_the_run_as_one_priceable_row(random_corpus, tmp_path, capsys):
+    history, run = tmp_path / "history.tsv", tmp_path / "run"
+    tiny = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16", "--no-engram"]
+    tiny += ["--seq-len", "32", "--batch-size", "4", "--device", "cpu", "--eval-bytes", "64", "--ema-decay", "0.9"]
+    argv = [
+        "train",
+        "--data",
+        str(random_corpus(3000, repeats=2)),
+        "--out",
+        str(run),
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        *tiny,
+    ]
+    assert main([*argv, "--record", "--history", str(history)]) == 0
+    evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    (got,) = read_history(history)
+    assert f"held-out {got['heldout_bpb']} bpb" in capsys.readouterr().out
+    assert [e["step"] for e in evals] == [2, 4] and (got["heldout_bpb"], got["seeds"]) == (
+        f"{evals[-1]['bpb']:.6f}",
+        "1",
+    )
+    assert got["note"] == (
+        f"train {run}: held-out bpb (ema0.9 weights) by step 2:{evals[0]['bpb']:.4f} 4:{evals[1]['bpb']:.4f}; "
+        f"wall {evals[-1]['wall_s']:.1f} s since import"
+    )
+    assert (got["model"], got["preset"], got["batch"], got["seq_len"], got["warmup"], got["steps"]) == (
+        "dormouse",
+        "nano",
+        "4",
+        "32",
+        "0",
+        "4",
+    )
+    assert "ema=0.9" in got["arms"] and got["log"] == str(run / "metrics.jsonl")
+    assert float(got["ms_min"]) <= float(got["ms_per_step"]) <= float(got["ms_max"])
+    # first_step_s is in seconds to 4 decimals: within 0.05 ms of a step time
+    assert float(got["ms_min"]) - 0.05 <= float(got["first_step_s"]) * 1000 <= float(got["ms_max"]) + 0.05
+    # the row prices the run's setting, as an A/B arm's recorded row does
+    cfg = config.Config.from_dict(json.loads((run / "config.json").read_text()))
+    assert measured_rows(read_history(history), setting(cfg)) == [got]
+
+
+def test_train_history_without_record_is_refused(tmp_path, capsys):
+    assert main(["train", "--history", str(tmp_path / "h.tsv"), "--steps", "1", "--out", str(tmp_path / "r")]) == 2
+    assert "add --record" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_a_run_rows_timing_is_every_steps_median_with_the_first_step_apart():
+    cfg = config.resolve(config.build("nano", {"train": {"batch_size": 2, "seq_len": 64}}), cuda_available=False)
+    evals = [{"step": 2, "bpb": 3.5, "wall_s": 1.0}, {"step": 4, "bpb": 3.25, "wall_s": 2.04}]
+    got = train_row(cfg, [100.0, 10.0, 20.0, 30.0], evals, run=Path("/r"), commit="abc", torch_version="2.13")
+    # median of 100, 10, 20, 30 = 25 ms; 128 positions per step / 0.025 s = 5120 per s;
+    # inclusive quartiles 17.5 and 47.5 (30 + 0.25 * 70): IQR 30
+    assert (got["ms_per_step"], got["tokens_per_s"], got["first_step_s"]) == ("25.0000", "5120", "0.1000")
+    assert (got["ms_min"], got["ms_max"], got["ms_iqr"], got["steps"]) == ("10.0000", "100.0000", "30.0000", "4")
+    assert (got["heldout_bpb"], got["seeds"], got["commit"]) == ("3.250000", "1", "abc")
+    assert got["log"] == "/r/metrics.jsonl"
+    assert got["note"] == "train /r: held-out bpb by step 2:3.5000 4:3.2500; wall 2.0 s since import"

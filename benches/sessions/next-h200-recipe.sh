@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned device call (not run yet): the recipe's one held-out run, once its config is final (every choice
+# Planned device call: the recipe's held-out run (--record: a history row), once its config is final (every choice
 # made on the validation slice). The held-out tail is read here only: nanoGPT's split, prepared by
 #   dormouse prepare ../shared/data/tinyshakespeare.txt --heldout-tail 0.1 --out .gpu-data/tinyshakespeare
 # The wall time is the whole command's, start-up included (bash's EPOCHREALTIME before and after; the eval lines'
@@ -8,4 +8,4 @@
 # .triton-cache. Commit the log, metrics.jsonl and curves.png under benches/logs/<session>/recipe.*.
 D=.gpu-data/tinyshakespeare
 exec bash benches/gpu_session.sh \
-  "s=\$EPOCHREALTIME; python3 -m dormouse train --config configs/tinyshakespeare.toml --data $D --out /tmp/recipe > \$OUT/recipe.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/recipe.log; cp /tmp/recipe/metrics.jsonl \$OUT/recipe.metrics.jsonl; cp /tmp/recipe/curves.png \$OUT/recipe.curves.png; grep -a -E '^eval|first step' \$OUT/recipe.log | cut -c1-200"
+  "s=\$EPOCHREALTIME; python3 -m dormouse train --config configs/tinyshakespeare.toml --data $D --out /tmp/recipe --record > \$OUT/recipe.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/recipe.log; cp /tmp/recipe/metrics.jsonl \$OUT/recipe.metrics.jsonl; cp /tmp/recipe/curves.png \$OUT/recipe.curves.png; grep -a -E '^eval|first step' \$OUT/recipe.log | cut -c1-200"

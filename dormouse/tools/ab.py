@@ -203,28 +203,16 @@ def for_round(cfg: Config, seed: int, steps: int) -> Config:
 # ---- timing and pricing ----------------------------------------------------------------------------------------
 
 
-class _TimedTrainer(Trainer):
-    """The trainer, keeping every step's time. The clock is run_loop's own (perf_counter around train_step,
-    which ends in .item(), so a CUDA step has finished); run_loop itself keeps only per-eval medians."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.step_ms: list[float] = []
-
-    def train_step(self, step: int) -> float:
-        started = time.perf_counter()
-        ce = super().train_step(step)
-        self.step_ms.append((time.perf_counter() - started) * 1000)
-        return ce
-
-
 def measure_ms_per_step(cfg: Config, corpus: Corpus, note: str) -> float:
     """The median of PRICE_STEPS timed steps after PRICE_WARMUP untimed ones, in a temporary run."""
     with tempfile.TemporaryDirectory(prefix="dormouse-ab-price-") as tmp:
-        trainer = _TimedTrainer(cfg, corpus, Path(tmp) / "run", corpus_note=note)
-        for step in range(PRICE_WARMUP + PRICE_STEPS):
+        trainer = Trainer(cfg, corpus, Path(tmp) / "run", corpus_note=note)
+        step_ms = []
+        for step in range(PRICE_WARMUP + PRICE_STEPS):  # run_loop's clock: train_step ends in .item(), synced
+            started = time.perf_counter()
             trainer.train_step(step)
-    return statistics.median(trainer.step_ms[PRICE_WARMUP:])
+            step_ms.append((time.perf_counter() - started) * 1000)
+    return statistics.median(step_ms[PRICE_WARMUP:])
 
 
 def eval_batches(cfg: Config, corpus: Corpus, steps: int) -> int:
@@ -291,7 +279,7 @@ def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path, *, eval_depth
     """Train one arm in one seed round; score its final model on the full held-out walk (with `eval_depths`
     also at every loop depth: `bpb_by_depth`)."""
     load_start = os.getloadavg()[0]
-    trainer = _TimedTrainer(cfg, corpus, run_dir, corpus_note=note)
+    trainer = Trainer(cfg, corpus, run_dir, corpus_note=note)
     last = trainer.run_loop()
     t = cfg.train
     if t.eval_bytes:  # the run's evals scored a prefix; the comparison scores every held-out byte

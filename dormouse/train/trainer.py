@@ -95,6 +95,7 @@ class Trainer:
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
         self.depths: list[int] = []  # loop depths of the training steps since the last eval
         self.first_step_s: float | None = None  # this process's first training step (compiling, capture)
+        self.step_ms: list[float] = []  # every training step this process ran, in run_loop's clock
         self.saved_step = None
         self.run_id = secrets.token_hex(6)
         if resume:
@@ -278,6 +279,7 @@ class Trainer:
                 ce = self.train_step(self.step)
                 self.step += 1
                 window_ms.append((time.perf_counter() - started) * 1000)
+                self.step_ms.append(window_ms[-1])
                 if self.first_step_s is None:  # this process's first step: the cold start
                     self.first_step_s = window_ms[-1] / 1000
                     since = time.monotonic() - dormouse.IMPORTED
