@@ -5,7 +5,8 @@
 # (--reuse-a). The recipe overfits over its last 500-1000 steps, so: longer windows at the same bytes per
 # step (T 1024 B 16: more context per byte in training and in the eval), random depth (38 % faster per
 # step at 2400 steps for −0.005: the time for a wider model), dropout 0.3 and noise 0.07 (more
-# regularisation). ~130 s per run: A and three Bs fit one call; the deadline skips the rest. Carry .whl,
+# regularisation), and depth 3 under random depth (a step costs depth 2's on average; the evals run all
+# 3). ~130 s per run: A and three Bs fit one call; the deadline skips the rest. Carry .whl,
 # .gpu-data, .device-commit and .triton-cache.
 V=.gpu-data/ts-val
 C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --eval-every 500 --record"
@@ -20,4 +21,5 @@ exec bash benches/gpu_session.sh \
   "$(ab r-t1024 '--seq-len 1024 --batch-size 16')" \
   "$(ab r-rdepth '--rand-depth' '--reuse-a /tmp/r-t1024')" \
   "$(ab r-drop3 '--dropout 0.3' '--reuse-a /tmp/r-t1024')" \
-  "$(ab r-noise07 '--byte-noise 0.07' '--reuse-a /tmp/r-t1024')"
+  "$(ab r-noise07 '--byte-noise 0.07' '--reuse-a /tmp/r-t1024')" \
+  "$(ab r-rdepth3 '--depth 3 --rand-depth' '--reuse-a /tmp/r-t1024')"
