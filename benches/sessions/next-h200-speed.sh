@@ -6,7 +6,9 @@
 #  2. `small` B 10 with --baselines: dormouse, the SDPA GPT and fla's KDAForCausalLM in one process, so the
 #     ratios come from one run (fla-kda never finished before; its kernels are not in the pin).
 #  3. `small` B 64 with torch.compile (eager step, no CUDA graph: never measured on a GPU), against 1.
-#  4. `small` B 10 in tf32 and in fp32 (IEEE), --cuda-graph (goal 30 ms; not measured since session 4):
+#  4. The same compiled replica captured by --cuda-graph (Inductor's fused elementwise kernels inside our
+#     graph: the profile's elementwise kernels are most of the GPU time).
+#  5. `small` B 10 in tf32 and in fp32 (IEEE), --cuda-graph (goal 30 ms; not measured since session 4):
 #     each in its own process (Triton's fp32 precision is fixed per process).
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --cuda-graph --data $V"
@@ -18,5 +20,6 @@ exec bash benches/gpu_session.sh \
   "$(timed profile-b64 "python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --profile 3 --note 'batch 64, profiled'")" \
   "$(timed baselines "timeout 360 python3 -m dormouse bench $S --dtype bf16 --batch-size 10 --baselines --note 'dormouse with both baselines in one process'")" \
   "$(timed compile-b64 "timeout 300 python3 -m dormouse bench --preset small --seq-len 512 --dtype bf16 --data $V --batch-size 64 --compile --note 'batch 64, torch.compile, eager step'")" \
+  "$(timed compile-graph-b64 "timeout 300 python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --compile --note 'batch 64, torch.compile under --cuda-graph'")" \
   "$(timed tf32 "python3 -m dormouse bench $S --dtype tf32 --batch-size 10 --note 'tf32'")" \
   "$(timed fp32 "python3 -m dormouse bench $S --dtype fp32 --batch-size 10 --note 'fp32 (IEEE Triton dots)'")"
