@@ -24,6 +24,8 @@ from dormouse.errors import ConfigError
 # for them (fla/ops/kda/chunk.py).
 SAFE_GATE_BOUNDS = (-5.0, 0.0)
 
+BYTE_NOISE_SOURCES = ("uniform", "unigram")  # what replaces a noised byte (data/sampler.py)
+
 
 def _f(default, help: str, *, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
     """A config field: default, help text and allowed range (inclusive unless lo_open / hi_open)."""
@@ -145,11 +147,17 @@ class TrainConfig:
     grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", lo=0.0)
     byte_noise: float = _f(
         0.0,
-        "probability that a training input byte is replaced by a uniformly random byte (the targets stay the "
-        "text's; draws from the (seed, step) byte_noise stream); a regulariser, 0 = off",
+        "probability that a training input byte is replaced by a random byte (byte_noise_source; the targets "
+        "stay the text's; draws from the (seed, step) byte_noise stream); a regulariser, 0 = off",
         lo=0.0,
         hi=1.0,
         hi_open=True,
+    )
+    byte_noise_source: str = _f(
+        "uniform",
+        "what replaces a byte_noise byte: uniform over the 256 values, or unigram = the training split's own "
+        "byte frequencies (a replacement that looks like text)",
+        choices=BYTE_NOISE_SOURCES,
     )
     ema_decay: float = _f(
         0.0,
@@ -343,6 +351,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"eval_bytes {t.eval_bytes} is shorter than one sequence (seq_len {t.seq_len}); use 0 or ≥ seq_len"
         )
+    if t.byte_noise_source != "uniform" and not t.byte_noise:
+        raise ConfigError(f"byte_noise_source {t.byte_noise_source} acts only with byte_noise > 0")
 
 
 def engram_layers(m: ModelConfig) -> tuple[int, ...]:

@@ -76,6 +76,7 @@ def test_booleans_and_short_arms():
         (["--rand-depth", "--rand-depth-min", "2"], "rand_depth_min 2 must be below depth 2"),
         (["--rand-depth", "--rand-depth-bptt", "3"], "rand_depth_bptt 3 exceeds depth 2"),
         (["--rand-depth-bptt", "1"], "act only with --rand-depth"),
+        (["--byte-noise-source", "unigram"], "byte_noise_source unigram acts only with byte_noise > 0"),
         (["--mor", "--depth", "1"], "mor routes the iterations after the first: it needs depth >= 2"),
         (["--mor", "--attn-res"], "mor with attn_res is not built"),
         (["--mor-capacity", "0"], r"mor_capacity 0.0 is out of range; allowed \(0.0, 1.0\]"),

@@ -15,8 +15,9 @@ import torch
 from dormouse import ledger
 from dormouse.data import default_corpus as dc
 from dormouse.data import prepare as prepare_mod
+from dormouse.data import sampler as sampler_mod
 from dormouse.data.prepare import prepare
-from dormouse.data.sampler import Sampler, count_heldout_targets, heldout_windows
+from dormouse.data.sampler import Sampler, byte_cdf, count_heldout_targets, heldout_windows, inverse_cdf
 from dormouse.data.shards import inspect_corpus, load_corpus
 from dormouse.errors import ConfigError, DataError
 
@@ -437,6 +438,50 @@ def test_byte_noise_replaces_inputs_at_its_rate_the_same_on_every_rank(tmp_path)
     assert torch.equal(noisy.batch(3, 7)[0], Sampler(corpus, 64, 64, byte_noise=0.1).batch(3, 7)[0])
     with pytest.raises(ConfigError, match="byte_noise must be in \\[0, 1\\)"):
         Sampler(corpus, 64, 64, byte_noise=1.0)
+
+
+def test_the_inverse_cdf_of_a_hand_counted_text():
+    counts = torch.zeros(256, dtype=torch.float64)
+    counts[97], counts[98] = 3, 1  # "aaab": cdf 0 up to 96, 0.75 at 97, 1 from 98 on
+    cdf = counts.cumsum(0) / 4
+    u = torch.tensor([0.0, 0.5, 0.7499, 0.75, 0.9999], dtype=torch.float64)
+    assert inverse_cdf(cdf, u).tolist() == [97, 97, 97, 98, 98]
+
+
+def test_byte_counts_are_the_training_splits_in_any_chunking(tmp_path, monkeypatch):
+    corpus = tail_corpus(tmp_path, random_bytes(20000), 0.1, shard_bytes=4000)
+    train = corpus.read("train", 0, corpus.split_size("train"))
+    expected = np.cumsum(np.bincount(train, minlength=256)) / len(train)
+    monkeypatch.setattr(sampler_mod, "HISTOGRAM_CHUNK", 999)  # 19 chunks, across shard boundaries
+    cdf = byte_cdf(corpus)
+    assert cdf.dtype == torch.float64 and cdf[-1] == 1.0
+    assert np.allclose(cdf.numpy(), expected, rtol=0, atol=1e-15)
+
+
+def test_unigram_byte_noise_draws_replacements_at_the_texts_byte_frequencies(tmp_path):
+    # a text of 75 % 'a', 20 % 'b', 5 % 'c'; inputs of byte 255 (never in it) show every replacement
+    gen = torch.Generator().manual_seed(0)
+    text = torch.multinomial(torch.tensor([0.75, 0.20, 0.05]), 20000, replacement=True, generator=gen) + 97
+    corpus = tail_corpus(tmp_path, bytes(text.tolist()), 0.1, shard_bytes=4000)
+    train = np.bincount(corpus.read("train", 0, corpus.split_size("train")), minlength=256)[97:100]
+    freq = train / train.sum()
+    noisy = Sampler(corpus, 64, 64, byte_noise=0.5, noise_source="unigram")
+    out = noisy._noised(torch.full((64, 64), 255), 3, 5, range(64))
+    replaced = out[out != 255]
+    assert abs(len(replaced) - 2048) < 160  # 4096 draws at 0.5: standard deviation 32
+    assert set(replaced.unique().tolist()) <= {97, 98, 99}
+    counts = torch.bincount(replaced - 97, minlength=3).numpy()
+    expected = freq * len(replaced)
+    sd = np.sqrt(len(replaced) * freq * (1 - freq))
+    assert (np.abs(counts - expected) < 5 * sd).all()  # ~20, 18, 10 for a, b, c
+    # the ranks' rows are the one-process batch's; the mask is uniform noise's own draw
+    assert torch.equal(torch.cat([noisy.batch(3, 5, rank=r, world_size=2)[0] for r in (0, 1)]), noisy.batch(3, 5)[0])
+    uniform = Sampler(corpus, 64, 64, byte_noise=0.5)._noised(torch.full((64, 64), 255), 3, 5, range(64))
+    # unigram never draws 255, so out != 255 is the mask itself; uniform changes the same places (but
+    # where it drew 255, 1 in 256)
+    assert not ((uniform != 255) & (out == 255)).any() and ((out != 255) & (uniform == 255)).sum() < 30
+    with pytest.raises(ConfigError, match="noise_source must be one of"):
+        Sampler(corpus, 64, 64, byte_noise=0.5, noise_source="zipf")
 
 
 def test_sampler_refuses_a_split_shorter_than_a_window(tmp_path):

@@ -134,6 +134,9 @@ def test_byte_noise_reaches_the_training_batches_and_repeats(corpus, tmp_path):
     clean, noisy = train_losses(runs["clean"]), train_losses(runs["noisy"])
     assert noisy == train_losses(runs["again"]) and noisy[0] != clean[0]
     assert evals(runs["noisy"])[-1]["heldout_bytes"] == evals(runs["clean"])[-1]["heldout_bytes"]
+    unigram = tmp_path / "unigram"  # the source reaches the sampler: other replacements, other losses
+    fresh(tiny_config(steps=2, eval_every=2, byte_noise=0.3, byte_noise_source="unigram"), corpus, unigram).run_loop()
+    assert train_losses(unigram)[0] not in (noisy[0], clean[0])
 
 
 def test_weight_average_is_what_evals_score_resumes_bitwise_and_eval_loads(corpus, tmp_path, capsys):

@@ -6,9 +6,11 @@ T (the next byte of each input). No global RNG is read or advanced, so a resume 
 exactly the batch the uninterrupted run drew. Under data parallelism rank r of W reads rows
 `rank_rows(B, r, W)` of that same batch: a pure function of (seed, step, rank, W), and the ranks' rows,
 in rank order, are the one-process batch. With `byte_noise` p > 0 each input byte of the batch is
-replaced, with probability p, by a uniform random byte, both drawn for the whole [B, T] batch from
+replaced, with probability p, by a random byte, both drawn for the whole [B, T] batch from
 `rng.generator(seed, step, "byte_noise")` (so the ranks' rows are still the one-process batch's);
-the targets stay the text's bytes.
+the targets stay the text's bytes. The replacement is uniform over the 256 byte values, or with
+`noise_source` "unigram" drawn from the training split's own byte frequencies (Xie et al. 2017's
+unigram noising: a replaced byte looks like text, so the context around it must tell).
 
 The held-out eval walks the held-out split in order instead of sampling it: window i has inputs
 bytes [i·T, i·T + T) and targets [i·T + 1, i·T + T + 1), so every held-out byte after the first is
@@ -22,19 +24,28 @@ import numpy as np
 import torch
 
 from dormouse import rng
+from dormouse.config import BYTE_NOISE_SOURCES
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError, DataError
 
+HISTOGRAM_CHUNK = 1 << 24  # bytes counted per read of the training split (one pass, at start-up)
+
 
 class Sampler:
-    def __init__(self, corpus: Corpus, batch_size: int, seq_len: int, byte_noise: float = 0.0):
+    def __init__(
+        self, corpus: Corpus, batch_size: int, seq_len: int, byte_noise: float = 0.0, noise_source: str = "uniform"
+    ):
         _check_positive("batch_size", batch_size)
         _check_positive("seq_len", seq_len)
         if not 0.0 <= byte_noise < 1.0:
             raise ConfigError(f"byte_noise must be in [0, 1), got {byte_noise!r}")
+        if noise_source not in BYTE_NOISE_SOURCES:
+            raise ConfigError(f"noise_source must be one of {list(BYTE_NOISE_SOURCES)}, got {noise_source!r}")
         self.corpus, self.batch_size, self.seq_len = corpus, batch_size, seq_len
         self.byte_noise = byte_noise
         self._check_split("train")  # refuse at start-up, not at the first step
+        # unigram: the replacement's cumulative distribution over the 256 byte values
+        self.noise_cdf = byte_cdf(corpus) if byte_noise and noise_source == "unigram" else None
 
     def offsets(self, seed: int, step: int, split: str = "train") -> torch.Tensor:
         """The B window start offsets of batch (seed, step) in `split`, int64."""
@@ -58,13 +69,17 @@ class Sampler:
         return inputs, targets
 
     def _noised(self, inputs: torch.Tensor, seed: int, step: int, rows: range) -> torch.Tensor:
-        """`inputs` (rows `rows` of batch (seed, step)) with each byte replaced by a uniform random byte
-        with probability byte_noise; the draws are the whole batch's, so they do not depend on the rank."""
+        """`inputs` (rows `rows` of batch (seed, step)) with each byte replaced by a random byte with
+        probability byte_noise; the draws are the whole batch's, so they do not depend on the rank. The
+        mask is the same draw for either source."""
         gen = rng.generator(seed, step, "byte_noise")
         shape = (self.batch_size, self.seq_len)
         hit = torch.rand(shape, generator=gen)[rows.start : rows.stop] < self.byte_noise
-        noise = torch.randint(0, 256, shape, generator=gen)[rows.start : rows.stop]
-        return torch.where(hit, noise, inputs)
+        if self.noise_cdf is None:
+            noise = torch.randint(0, 256, shape, generator=gen)
+        else:
+            noise = inverse_cdf(self.noise_cdf, torch.rand(shape, generator=gen, dtype=torch.float64))
+        return torch.where(hit, noise[rows.start : rows.stop], inputs)
 
     def _check_split(self, split: str) -> int:
         size = self.corpus.split_size(split)
@@ -74,6 +89,22 @@ class Sampler:
                 f"seq_len + 1 = {self.seq_len + 1}: no training window fits"
             )
         return size
+
+
+def byte_cdf(corpus: Corpus) -> torch.Tensor:
+    """The training split's byte frequencies as a cumulative distribution, float64 [256], last entry 1."""
+    size, counts = corpus.split_size("train"), np.zeros(256, np.int64)
+    for offset in range(0, size, HISTOGRAM_CHUNK):
+        counts += np.bincount(corpus.read("train", offset, min(HISTOGRAM_CHUNK, size - offset)), minlength=256)
+    cdf = torch.from_numpy(np.cumsum(counts) / counts.sum())
+    cdf[-1] = 1.0  # the division may leave it a rounding below 1: u < 1 always finds a byte
+    return cdf
+
+
+def inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The byte values, int64, whose cumulative distribution `cdf` first exceeds each u in [0, 1): byte b
+    for cdf[b - 1] <= u < cdf[b], so a byte of frequency 0 is never drawn."""
+    return torch.searchsorted(cdf, u, right=True)
 
 
 def rank_rows(batch_size: int, rank: int, world_size: int) -> range:

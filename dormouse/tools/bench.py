@@ -239,7 +239,9 @@ def arms(cfg: Config) -> str:
     if m.dropout:  # its masks cost a random draw and a multiply per place
         out.append(f"dropout={m.dropout:g}")
     if t.byte_noise:  # a draw per input byte
-        out.append(f"byte_noise={t.byte_noise:g}")
+        out.append(
+            f"byte_noise={t.byte_noise:g}" + ("" if t.byte_noise_source == "uniform" else f"/{t.byte_noise_source}")
+        )
     if t.ema_decay:  # the average's update after each step
         out.append(f"ema={t.ema_decay:g}")
     if t.cuda_graph:  # not an arm, but a row of a replayed step must not price the eager one

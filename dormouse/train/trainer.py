@@ -81,7 +81,7 @@ class Trainer:
         self.replica = data_parallel(self.model, self.world, t.parallel)
         self.groups = route(self.model, t.opt)
         self.opt = build_optimizers(self.groups, t, capturable=t.cuda_graph and t.graph_update)
-        self.sampler = Sampler(corpus, t.batch_size, t.seq_len, t.byte_noise)
+        self.sampler = Sampler(corpus, t.batch_size, t.seq_len, t.byte_noise, t.byte_noise_source)
         # --cuda-graph: forward + backward captured at the first step and replayed (train/graphed.py).
         # Then the clip and NesterovSinkhorn's step, captured at the second step (train/graphed_update.py).
         self.graphed, self.graphed_update = None, None
