@@ -130,6 +130,14 @@ class ModelConfig:
         hi=1.0,
         hi_open=True,
     )
+    drop_path: float = _f(
+        0.0,
+        "stochastic depth: probability that a mixer or FFN output is dropped for a whole sequence, per layer "
+        "application, training only, masks from the (seed, step) dropout stream; 0 = off",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+    )
 
 
 @dataclass

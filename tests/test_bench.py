@@ -168,6 +168,7 @@ def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
     assert "dspark" not in arms_of() and "jepa" not in arms_of()
     assert arms_of({"dspark_weight": 0.1, "jepa_weight": 0.1}).endswith(",dspark=4/16,jepa=4x8")
     assert "dropout" not in arms_of() and arms_of({"dropout": 0.2}).endswith(",dropout=0.2")
+    assert "drop_path" not in arms_of() and arms_of({"drop_path": 0.1}).endswith(",drop_path=0.1")
     assert "byte_noise" not in arms_of() and "ema" not in arms_of()
     assert arms_of(train={"byte_noise": 0.05, "ema_decay": 0.998}).endswith(",byte_noise=0.05,ema=0.998")
     assert arms_of(train={"byte_noise": 0.05, "byte_noise_source": "unigram"}).endswith(",byte_noise=0.05/unigram")

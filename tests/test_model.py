@@ -8,7 +8,7 @@ import torch
 
 from dormouse import config, ledger, rng
 from dormouse.errors import DormouseError
-from dormouse.model.dropout import dropout, step_generator
+from dormouse.model.dropout import branch_drop_of, drop_path, dropout, keep_all, step_generator
 from dormouse.model.model import DormouseLM
 
 MIXERS = ("kda", "attention")
@@ -340,6 +340,43 @@ def test_a_training_forward_with_dropout_and_no_generator_is_refused():
     with pytest.raises(DormouseError, match="dropout 0.1 is on .* no dropout_gen"):
         model(ids(2, 24), ids(2, 24, step=1))
     model.eval()(ids(2, 24))  # eval mode draws nothing, so needs nothing
+
+
+def test_drop_path_drops_whole_rows_at_rate_p_and_scales_the_rest():
+    n, p = 20_000, 0.25
+    x = torch.rand(n, 3, 4, generator=rng.generator(0, 0, "test")) + 0.5  # no zeros of its own
+    y = drop_path(x, p, rng.generator(0, 1, "test"))
+    dropped = (y == 0).flatten(1).all(1)
+    assert torch.equal((y == 0).flatten(1).any(1), dropped)  # a row is dropped whole or not at all
+    # dropped rows ~ Binomial(n, p): std ≈ 61
+    assert abs(int(dropped.sum()) - n * p) < 5 * math.sqrt(n * p * (1 - p))
+    assert torch.equal(y[~dropped], x[~dropped] / (1 - p))
+
+
+def test_a_layer_under_drop_path_is_its_branches_masked_per_sequence_in_draw_order():
+    # reference: mixer output masked per row, the FFN reading x plus that masked output, its own output masked
+    model = DormouseLM(tiny(drop_path=0.5))
+    layer, p = model.layers[0], 0.5
+    x = torch.randn(6, 16, 32, generator=rng.generator(0, 0, "test"))
+    got, _, _ = layer(x, drop=branch_drop_of(keep_all, p, True, step_generator(0, 3)))
+    gen = step_generator(0, 3)
+    keep_a, keep_f = (torch.rand((6, 1, 1), generator=gen) >= p for _ in range(2))
+    a = layer.mixer(layer.mixer_norm(x)) * keep_a / (1 - p)
+    f, _ = layer.ffn(layer.ffn_norm(x + a))
+    assert torch.equal(got, a + f * keep_f / (1 - p))
+    assert 0 < int(keep_a.sum()) < 6 and not torch.equal(keep_a, keep_f)  # this draw tests both cases
+
+
+def test_drop_path_is_off_in_eval_and_needs_a_generator_in_training():
+    x, y = ids(2, 24), ids(2, 24, step=1)
+    model, plain = DormouseLM(tiny(drop_path=0.2)), DormouseLM(tiny())
+    plain.load_state_dict(model.state_dict())
+    with pytest.raises(DormouseError, match="drop_path 0.2 is on .* no dropout_gen"):
+        model(x, y)
+    a, b = model(x, y, dropout_gen=step_generator(0, 5)), model(x, y, dropout_gen=step_generator(0, 5))
+    assert torch.equal(a.loss, b.loss) and not torch.equal(a.loss, plain(x, y).loss)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x, y).logits, plain.eval()(x, y).logits)
 
 
 def test_dropout_is_refused_outside_zero_to_one():

@@ -28,7 +28,7 @@ from dormouse.config import ModelConfig, engram_layers, layer_mixers
 from dormouse.errors import CheckpointError
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.attnres import AttnRes
-from dormouse.model.dropout import dropout_of, keep_all
+from dormouse.model.dropout import branch_drop_of, dropout_of, keep_all
 from dormouse.model.dspark import DraftHead, dspark_term
 from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow, check_byte_dtype
 from dormouse.model.ffn import make_ffn
@@ -187,7 +187,7 @@ class DormouseLM(nn.Module):
         self, e, caches, plan: LoopPlan, *, keys=None, conv=None, slots=0, step=False, want_cache=False, drop=keep_all
     ):
         """The looped block on embedded input e, run as `plan` says; `caches` holds one entry per unrolled
-        layer, or None. `drop` is every layer's dropout (model/dropout.py).
+        layer, or None. `drop` is what every layer applies to its branches' outputs (model/dropout.py).
 
         `keys` {insertion layer: engram keys of the byte positions} (the last positions of e, after
         `slots` memory slots); in the first iteration each memory's output joins the input of its
@@ -300,12 +300,14 @@ class DormouseLM(nn.Module):
         sequence (no cache); `jepa` (predictor on) when `jepa_starts` [B, spans] are given
         (model/jepa.py draws them), and a forward with targets but without them is refused.
 
-        Dropout (`dropout` > 0, training mode only) draws its masks from `dropout_gen`
-        (model/dropout.py's `step_generator`), which such a forward must be given; eval mode never drops.
+        Dropout and stochastic depth (`dropout`, `drop_path` > 0, training mode only) draw their masks from
+        `dropout_gen` (model/dropout.py's `step_generator`), which such a forward must be given; eval mode
+        never drops.
         """
         check_byte_dtype(input_ids, "input_ids")
         plan = LoopPlan(self._depth(depth, cache is not None or return_cache), grad_iterations, not self.training)
         drop = dropout_of(self.cfg.dropout, self.training, dropout_gen)
+        branch = branch_drop_of(drop, self.cfg.drop_path, self.training, dropout_gen)
         e = self.embed(input_ids)
         slots = 0
         if cache is None and self.memory is not None:
@@ -315,7 +317,7 @@ class DormouseLM(nn.Module):
         keys, window = self._engram_keys(input_ids, cache, return_cache)
         mixers = None if cache is None else cache.mixers
         conv = None if cache is None or cache.engram is None else cache.engram.conv
-        trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache, drop=drop)
+        trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache, drop=branch)
         hidden = trunk.h[:, slots:]
         logits = self._head(hidden)
         out = Output(logits=logits, aux=trunk.aux, engram=trunk.engram)

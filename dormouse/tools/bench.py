@@ -238,6 +238,8 @@ def arms(cfg: Config) -> str:
         out.append(f"jepa={m.jepa_spans}x{m.jepa_span}")
     if m.dropout:  # its masks cost a random draw and a multiply per place
         out.append(f"dropout={m.dropout:g}")
+    if m.drop_path:
+        out.append(f"drop_path={m.drop_path:g}")
     if t.byte_noise:  # a draw per input byte
         out.append(
             f"byte_noise={t.byte_noise:g}" + ("" if t.byte_noise_source == "uniform" else f"/{t.byte_noise_source}")

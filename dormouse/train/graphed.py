@@ -108,11 +108,11 @@ class GraphedStep:
     """Forward + backward of one training step, captured per loop depth at its first call and replayed after.
 
     `forward(x, y, jepa_starts, dropout_gen, depth)` runs the replica and returns its Output (called at
-    warm-up and capture only); `dropout_gen` is the registered generator, or None with `dropout` off. A
-    call (with the step's dropout seed when dropout is on, and its depth) returns that depth's captured
-    Output, whose loss, ce and aux tensors the replay has refilled, with every parameter's `.grad` set:
-    dense ones to the first graph's gradient buffers, each engram table's to its sparse gradient of
-    this batch.
+    warm-up and capture only); `dropout_gen` is the registered generator, or None when the step draws no
+    masks (dropout and drop_path off). A call (with the step's dropout seed when masks are drawn, and its
+    depth) returns that depth's captured Output, whose loss, ce and aux tensors the replay has refilled,
+    with every parameter's `.grad` set: dense ones to the first graph's gradient buffers, each engram
+    table's to its sparse gradient of this batch.
     """
 
     def __init__(self, model: DormouseLM, forward, device: torch.device, dropout: bool = False):

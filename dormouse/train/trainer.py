@@ -29,7 +29,7 @@ from dormouse.distributed import World
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
-from dormouse.model.dropout import step_generator, step_seed
+from dormouse.model.dropout import draws_masks, step_generator, step_seed
 from dormouse.model.engram_shard import (
     gather_shards,
     local_table_state,
@@ -86,7 +86,7 @@ class Trainer:
         # Then the clip and NesterovSinkhorn's step, captured at the second step (train/graphed_update.py).
         self.graphed, self.graphed_update = None, None
         if t.cuda_graph:
-            self.graphed = GraphedStep(self.model, self._forward, self.device, dropout=cfg.model.dropout > 0)
+            self.graphed = GraphedStep(self.model, self._forward, self.device, dropout=draws_masks(cfg.model))
             if t.graph_update:  # else the update runs as the eager step runs it
                 self.graphed_update = GraphedUpdate(self.model, self.opt)
         self.ema = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None  # what evals score
@@ -196,7 +196,7 @@ class Trainer:
     def dropout_gen(self, step: int) -> torch.Generator | None:
         """This rank's dropout generator of step `step` (keyed by (seed, step, rank): model/dropout.py); None:
         dropout off, nothing drawn."""
-        if not self.cfg.model.dropout:
+        if not draws_masks(self.cfg.model):
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
 
@@ -223,7 +223,7 @@ class Trainer:
         starts = self.jepa_starts(step)
         max_norm = t.grad_clip or math.inf  # grad_clip 0 = the norm only
         if self.graphed is not None:  # forward and backward replayed; the gradients are set
-            seed = step_seed(t.seed, step) if self.cfg.model.dropout else None
+            seed = step_seed(t.seed, step) if draws_masks(self.cfg.model) else None
             out = self.graphed(x, y, starts, seed, depth=depth)
             terms = {"loss": out.loss, "ce": out.ce, **out.aux}
         else:

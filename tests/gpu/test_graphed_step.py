@@ -42,6 +42,7 @@ AVERAGED = {"ema_decay": 0.9, "byte_noise": 0.05}
     [
         ({}, "bf16", {}),
         ({"dropout": 0.2}, "bf16", {}),
+        ({"drop_path": 0.2}, "bf16", {}),
         (AUX, "bf16", {}),
         ({"mixer": "attention"}, "bf16", {}),
         ({}, "bf16", AVERAGED),
@@ -53,6 +54,7 @@ AVERAGED = {"ema_decay": 0.9, "byte_noise": 0.05}
     ids=[
         "default-bf16",
         "dropout-bf16",
+        "drop-path-bf16",
         "aux-terms-two-memories-bf16",
         "attention-bf16",
         "ema-byte-noise-bf16",
