@@ -120,6 +120,25 @@ def test_matmul_flops_equal_torchs_flop_counter(arm):
     assert flops.per_step == flops.dense + flops.mixer
 
 
+@pytest.mark.parametrize("bptt", [0, 1, 2])
+def test_random_depth_flops_are_torchs_count_averaged_over_the_sampled_depths(bptt):
+    """Under --rand-depth a step runs depth d uniform over [rand_depth_min, depth], backward through the
+    last rand_depth_bptt iterations: the count is the mean of torch's counts at each d (engram on: its
+    linears run in the first iteration only)."""
+    model_cfg = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "depth": 3}
+    train = {"seq_len": 32, "batch_size": 4, "rand_depth": True, "rand_depth_bptt": bptt}
+    cfg = config.resolve(config.build("nano", {"model": model_cfg, "train": train}), cuda_available=False)
+    model = DormouseLM(cfg.model)
+    x = torch.randint(0, 256, (4, 32), generator=rng.generator(0, 0, "test"))
+    counts = []
+    for depth in (1, 2, 3):
+        with FlopCounterMode(display=False) as counter:
+            model(x, x, depth=depth, grad_iterations=bptt).loss.backward()
+        ops = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+        counts.append(ops["aten.mm"] + ops.get("aten.addmm", 0))
+    assert bench.count_flops(model, cfg).dense == pytest.approx(sum(counts) / 3, rel=1e-12)
+
+
 def test_the_nano_mixer_count_by_hand():
     cfg = config.resolve(config.build("nano", {"model": ENGRAM_OFF}), cuda_available=False)
     flops = bench.count_flops(DormouseLM(cfg.model), cfg)

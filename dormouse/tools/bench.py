@@ -180,14 +180,28 @@ def count_flops(model: nn.Module, cfg: Config) -> FlopCount:
         else:
             outside += mod.weight.numel()
             outside_names.append(name)
-    block_weights = m.depth * block
+    fwd, bwd, first = loop_passes(cfg)
+    block_weights = fwd * block
     byte_weights = 256 * m.d_model + outside
     S, T, B = t.seq_len + m.memory_slots, t.seq_len, t.batch_size
     per_layer = [mixer_fwd_flops(kind, m.n_heads, m.head_dim, m.kda_chunk_size, S) for kind in layer_mixers(m)]
     mixer = sum(per_layer) / len(per_layer)  # a hybrid's layers differ: their mean
-    dense = 6 * B * S * block_weights + 6 * B * T * byte_weights
-    mixer_total = 3 * B * S * m.depth * sum(per_layer)
+    # A forward is 2 FLOPs per weight and position, its backward 4 (the input's and the weight's gradients).
+    # The engram's linears run in the first iteration only: backward only when it records gradients.
+    dense = B * S * block * (2 * fwd + 4 * bwd) + B * T * (6 * 256 * m.d_model + outside * (2 + 4 * first))
+    mixer_total = B * S * (fwd + 2 * bwd) * sum(per_layer)
     return FlopCount(dense + mixer_total, dense, mixer_total, block_weights, byte_weights, mixer, outside_names)
+
+
+def loop_passes(cfg: Config) -> tuple[float, float, float]:
+    """Per step, on average over the depths `--rand-depth` samples (uniform over [rand_depth_min, depth];
+    the config's depth without it): loop iterations run forward, iterations run backward (the last
+    rand_depth_bptt when it is set), and the share of steps whose first iteration runs backward."""
+    m, t = cfg.model, cfg.train
+    depths = range(t.rand_depth_min, m.depth + 1) if t.rand_depth else [m.depth]
+    backward = [min(d, t.rand_depth_bptt) if t.rand_depth_bptt else d for d in depths]
+    n = len(depths)
+    return sum(depths) / n, sum(backward) / n, sum(b == d for b, d in zip(backward, depths, strict=True)) / n
 
 
 FLA_KDA_CHUNK = 64  # the chunk length of fla's chunk_kda as fla.layers.kda calls it (its default)
