@@ -10,16 +10,19 @@
 #   drop3     dropout 0.3
 #   noise07   byte noise 0.07
 #   rdepth3   depth 3 under random depth (a step costs depth 2's on average; the evals run all 3)
+#   wide640   d 640 (10 heads, SwiGLU 1920) under random depth: ~1.2x a step of A, within the 149 s
 # ~130 s per run: arm A and three Bs fit one call, so split the rows over calls with ROWS (the first row
 # of a call trains A, the others reuse it: /tmp does not outlive a call):
 #   ROWS="t1024 unigram droppath" bash benches/sessions/next-h200-quality.sh
-#   ROWS="rdepth drop3 noise07 rdepth3" bash benches/sessions/next-h200-quality.sh
+#   ROWS="rdepth drop3 noise07" bash benches/sessions/next-h200-quality.sh
+#   ROWS="rdepth3 wide640" bash benches/sessions/next-h200-quality.sh
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
 V=.gpu-data/ts-val
 C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --eval-every 500 --record"
 declare -A B=(
   [t1024]="--seq-len 1024 --batch-size 16" [unigram]="--byte-noise-source unigram" [droppath]="--drop-path 0.1"
   [rdepth]="--rand-depth" [drop3]="--dropout 0.3" [noise07]="--byte-noise 0.07" [rdepth3]="--depth 3 --rand-depth"
+  [wide640]="--d-model 640 --n-heads 10 --ffn-hidden 1920 --rand-depth"
 )
 cmds=() base=""
 for row in ${ROWS:-t1024 unigram droppath}; do
