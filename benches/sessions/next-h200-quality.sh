@@ -13,7 +13,7 @@
 #   wide640   d 640 (10 heads, SwiGLU 1920) under random depth: ~1.2x a step of A, within the 149 s
 # ~130 s per run: arm A and three Bs fit one call, so split the rows over calls with ROWS (the first row
 # of a call trains A, the others reuse it: /tmp does not outlive a call):
-#   ROWS="t1024 unigram droppath" bash benches/sessions/next-h200-quality.sh
+#   TEST=1 ROWS="t1024 unigram droppath" bash benches/sessions/next-h200-quality.sh
 #   ROWS="rdepth drop3 noise07" bash benches/sessions/next-h200-quality.sh
 #   ROWS="rdepth3 wide640" bash benches/sessions/next-h200-quality.sh
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
@@ -24,7 +24,11 @@ declare -A B=(
   [rdepth]="--rand-depth" [drop3]="--dropout 0.3" [noise07]="--byte-noise 0.07" [rdepth3]="--depth 3 --rand-depth"
   [wide640]="--d-model 640 --n-heads 10 --ffn-hidden 1920 --rand-depth"
 )
+# First (TEST=1, ~20 s): the graphed-step GPU test's dropout and drop-path cases (graph == eager, bitwise).
 cmds=() base=""
+if [[ -n "${TEST:-}" ]]; then
+  cmds+=("python3 -m pytest -v tests/gpu/test_graphed_step.py -k 'drop and bf16' > \$OUT/test-graphed.log 2>&1; grep -a -E 'PASS|FAIL|passed|failed|^E ' \$OUT/test-graphed.log | cut -c1-160 | tail -8")
+fi
 for row in ${ROWS:-t1024 unigram droppath}; do
   reuse=${base:+--reuse-a /tmp/r-$base}
   keep="cp /tmp/r-$row/ab.json \$OUT/r-$row.json; for a in a b; do cp /tmp/r-$row/\$a/seed-0/metrics.jsonl \$OUT/r-$row.\$a.metrics.jsonl 2>/dev/null; done"
