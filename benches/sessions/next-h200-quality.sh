@@ -16,6 +16,9 @@
 #   TEST=1 ROWS="t1024 unigram droppath" bash benches/sessions/next-h200-quality.sh
 #   ROWS="rdepth drop3 noise07" bash benches/sessions/next-h200-quality.sh
 #   ROWS="rdepth3 wide640" bash benches/sessions/next-h200-quality.sh
+# BASE=FILE (an earlier call's A/B JSON as collected, e.g. benches/logs/<session>/r-t1024.json) makes
+# every row reuse that call's arm A instead (refused if the code fingerprint changed since): a call of
+# four Bs.
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
 V=.gpu-data/ts-val
 C="--config configs/tinyshakespeare.toml --data $V --seeds 1 --eval-every 500 --record"
@@ -29,8 +32,9 @@ cmds=() base=""
 if [[ -n "${TEST:-}" ]]; then
   cmds+=("python3 -m pytest -v tests/gpu/test_graphed_step.py -k 'drop and bf16' > \$OUT/test-graphed.log 2>&1; grep -a -E 'PASS|FAIL|passed|failed|^E ' \$OUT/test-graphed.log | cut -c1-160 | tail -8")
 fi
+[[ -n "${BASE:-}" ]] && base=given
 for row in ${ROWS:-t1024 unigram droppath}; do
-  reuse=${base:+--reuse-a /tmp/r-$base}
+  if [[ $base == given ]]; then reuse="--reuse-a $BASE"; else reuse=${base:+--reuse-a /tmp/r-$base}; fi
   keep="cp /tmp/r-$row/ab.json \$OUT/r-$row.json; for a in a b; do cp /tmp/r-$row/\$a/seed-0/metrics.jsonl \$OUT/r-$row.\$a.metrics.jsonl 2>/dev/null; done"
   cmds+=("python3 -m dormouse ab $C --a '' --b '${B[$row]}' $reuse --out /tmp/r-$row > \$OUT/r-$row.log 2>&1; $keep; grep -a -E '^(overall|ms/step|seed)' \$OUT/r-$row.log | cut -c1-160")
   base=${base:-$row}
