@@ -6,7 +6,8 @@
 `train`: trains OUT/run with `tiny_config()` under --parallel ddp (rank 0 writes it) and saves each
 rank's model state to OUT/rank-<r>.pt; then resumes SINGLE_RUN (a one-process run of the same config)
 at this world size and writes the eval of its last checkpoint to OUT/resumed-<r>.json; last, trains
-OUT/unused with `UNUSED` (steps where parameters get no gradient) and saves OUT/unused-<r>.pt; then a
+OUT/unused with `UNUSED` (steps where parameters get no gradient) and saves OUT/unused-<r>.pt; then
+OUT/ema with the weight average on (`EMA_DECAY`) and saves each rank's average to OUT/ema-<r>.pt; then a
 step whose loss is NaN on rank 1 only: each rank writes the error it raised to OUT/nan-<r>.txt.
 Then the same run under --parallel fsdp: trains OUT/fsdp (FSDP2), saves each rank's whole model state,
 gathered, to OUT/fsdp-rank-<r>.pt and its last grad norm and shard sizes to OUT/fsdp-<r>.json; then
@@ -61,6 +62,7 @@ def tiny_config(model=None, **train):
 # Steps that leave parameters without a gradient: experts no row chose, and at depth 2 with one
 # iteration of backprop the memory (first iteration only) and the first iteration's inputs.
 UNUSED = {"model": {"n_experts": 4}, "rand_depth": True, "rand_depth_bptt": 1, "steps": 3, "eval_every": 3}
+EMA_DECAY = 0.8  # the weight average's run: every eval scores the average
 
 
 def train(corpus_dir: str, out: str, single_run: str) -> None:
@@ -76,6 +78,9 @@ def train(corpus_dir: str, out: str, single_run: str) -> None:
         sparse = Trainer(tiny_config(**UNUSED), corpus, out / "unused", corpus_note="ddp test", world=world)
         sparse.run_loop()
         torch.save(sparse.model.state_dict(), out / f"unused-{world.rank}.pt")
+        averaged = Trainer(tiny_config(ema_decay=EMA_DECAY), corpus, out / "ema", corpus_note="ddp test", world=world)
+        averaged.run_loop()
+        torch.save(averaged.ema.state_dict(), out / f"ema-{world.rank}.pt")
         poisoned = Trainer(tiny_config(), corpus, out / "nan", corpus_note="ddp test", world=world)
         if world.rank == 1:  # a NaN loss on one rank only
             forward = poisoned.model.forward

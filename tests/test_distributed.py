@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "ddp_worker.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 sys.path.insert(0, str(WORKER.parent))
-from ddp_worker import MODEL, TRAIN, tiny_config  # noqa: E402
+from ddp_worker import EMA_DECAY, MODEL, TRAIN, tiny_config  # noqa: E402
 
 # DDP is not bitwise equal to one process: one process sums each gradient over all B rows inside
 # each matmul's reduction, DDP sums over B/2 rows per rank and then adds the two halves (fp32 addition
@@ -183,6 +183,24 @@ def test_ddp_steps_where_parameters_get_no_gradient(runs):
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0]), "replicas differ"
     assert [r["step"] for r in records(out / "unused", "train")] == [1, 2, 3]
     assert [e["step"] for e in records(out / "unused", "eval")] == [3]
+
+
+def test_the_weight_average_under_ddp_is_one_processs_on_every_rank(runs, corpus, tmp_path):
+    """Each replica averages the same weights: the averages agree bit for bit across ranks and with one
+    process's within DDP's tolerance, and so do the evals, which score the average."""
+    out = runs[2]
+    single = Trainer(tiny_config(ema_decay=EMA_DECAY), corpus, tmp_path / "single", corpus_note="test")
+    single.run_loop()
+    averages = [torch.load(out / f"ema-{r}.pt", weights_only=True) for r in (0, 1)]
+    assert averages[0].keys() == single.ema.state_dict().keys()
+    assert all(torch.equal(averages[0][k], averages[1][k]) for k in averages[0]), "averages differ"
+    for name, value in single.ema.state_dict().items():
+        torch.testing.assert_close(averages[0][name], value, rtol=REL, atol=ABS, msg=name)
+    evals_ddp, evals_one = records(out / "ema", "eval"), records(single.run, "eval")
+    assert [e["weights"] for e in evals_ddp] == [f"ema{EMA_DECAY:g}"] * 2
+    assert [e["bpb"] for e in evals_ddp] == pytest.approx([e["bpb"] for e in evals_one], rel=REL)
+    # the average is not the trained weights: a run without it scores otherwise
+    assert evals_ddp[-1]["bpb"] != records(out / "run", "eval")[-1]["bpb"]
 
 
 def test_a_nan_on_one_rank_stops_every_rank_at_that_step(runs):
