@@ -11,7 +11,8 @@ OUT/ema with the weight average on (`EMA_DECAY`) and saves each rank's average t
 step whose loss is NaN on rank 1 only: each rank writes the error it raised to OUT/nan-<r>.txt.
 Then the same run under --parallel fsdp: trains OUT/fsdp (FSDP2), saves each rank's whole model state,
 gathered, to OUT/fsdp-rank-<r>.pt and its last grad norm and shard sizes to OUT/fsdp-<r>.json; then
-resumes SINGLE_RUN sharded and writes its eval to OUT/fsdp-resumed-<r>.json.
+resumes SINGLE_RUN sharded and writes its eval to OUT/fsdp-resumed-<r>.json; last, trains
+OUT/fsdp-unused with `UNUSED` and saves each rank's gathered state to OUT/fsdp-unused-<r>.pt.
 `hang`: rank 1 sleeps instead of joining the first collective; rank 0 must fail within `dist_timeout`.
 
     torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py shard CORPUS OUT SINGLE_RUN
@@ -111,6 +112,9 @@ def fsdp(corpus, out: Path, single_run: str, world) -> None:
     (out / f"fsdp-{world.rank}.json").write_text(json.dumps(facts))
     resumed = Trainer(cfg, corpus, single_run, corpus_note="fsdp test", resume=True, world=world)
     (out / f"fsdp-resumed-{world.rank}.json").write_text(json.dumps(resumed.evaluate([], [])))
+    sparse = Trainer(tiny_config(parallel="fsdp", **UNUSED), corpus, out / "fsdp-unused", corpus_note="x", world=world)
+    sparse.run_loop()
+    torch.save(gathered(sparse.model.state_dict()), out / f"fsdp-unused-{world.rank}.pt")
 
 
 KILL_AT = 3  # 0-based: the 4th step; the last checkpoint is step 2's
