@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "ddp_worker.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 sys.path.insert(0, str(WORKER.parent))
-from ddp_worker import AUX, EMA_DECAY, MODEL, TRAIN, tiny_config  # noqa: E402
+from ddp_worker import AUX, EMA_DECAY, MODEL, MOR, TRAIN, tiny_config  # noqa: E402
 
 # DDP is not bitwise equal to one process: one process sums each gradient over all B rows inside
 # each matmul's reduction, DDP sums over B/2 rows per rank and then adds the two halves (fp32 addition
@@ -203,21 +203,23 @@ def test_the_weight_average_under_ddp_is_one_processs_on_every_rank(runs, corpus
     assert evals_ddp[-1]["bpb"] != records(out / "run", "eval")[-1]["bpb"]
 
 
-def test_the_auxiliary_terms_under_ddp_and_fsdp_are_one_processs(runs, corpus, tmp_path):
-    """DSpark and JEPA: each rank's terms over its rows (JEPA's spans are its rows of the batch's), averaged
-    over equal halves, are the one-process terms: losses, evals and weights within DDP's tolerance."""
+@pytest.mark.parametrize("name,extra,terms", [("aux", AUX, ("dspark", "jepa")), ("mor", MOR, ())])
+def test_per_sequence_terms_under_ddp_and_fsdp_are_one_processs(runs, corpus, tmp_path, name, extra, terms):
+    """DSpark, JEPA and MoR's routing and router term: per sequence, so each rank's terms over its rows
+    (JEPA's spans are its rows of the batch's), averaged over equal halves, are the one-process terms:
+    losses, evals and weights within DDP's tolerance."""
     out = runs[2]
-    single = Trainer(tiny_config(**AUX), corpus, tmp_path / "single", corpus_note="test")
+    single = Trainer(tiny_config(**extra), corpus, tmp_path / "single", corpus_note="test")
     single.run_loop()
     state, one = single.model.state_dict(), records(single.run, "train")
-    for run in ("aux", "fsdp-aux"):
+    for run in (name, f"fsdp-{name}"):
         ranks = [torch.load(out / f"{run}-{r}.pt", weights_only=True) for r in (0, 1)]
         assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), f"{run}: replicas differ"
         for name, value in state.items():
             torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=f"{run} {name}")
         assert [r["ce"] for r in records(out / run, "train")] == pytest.approx([r["ce"] for r in one], rel=REL)
         evals, evals_one = records(out / run, "eval"), records(single.run, "eval")
-        for term in ("bpb", "dspark", "jepa"):
+        for term in ("bpb", *terms):
             assert [e[term] for e in evals] == pytest.approx([e[term] for e in evals_one], rel=REL), term
 
 
