@@ -8,14 +8,14 @@ rank's model state to OUT/rank-<r>.pt; then resumes SINGLE_RUN (a one-process ru
 at this world size and writes the eval of its last checkpoint to OUT/resumed-<r>.json; last, trains
 OUT/unused with `UNUSED` (steps where parameters get no gradient) and saves OUT/unused-<r>.pt; then
 OUT/ema with the weight average on (`EMA_DECAY`) and saves each rank's average to OUT/ema-<r>.pt, then
-OUT/aux with both auxiliary terms (`AUX`) and OUT/mor with MoR (`MOR`), saving each rank's state to
-OUT/<name>-<r>.pt; then a
+OUT/aux with both auxiliary terms (`AUX`), OUT/mor with MoR (`MOR`) and OUT/odd with 3 heads (`ODD`),
+saving each rank's state to OUT/<name>-<r>.pt; then a
 step whose loss is NaN on rank 1 only: each rank writes the error it raised to OUT/nan-<r>.txt.
 Then the same run under --parallel fsdp: trains OUT/fsdp (FSDP2), saves each rank's whole model state,
 gathered, to OUT/fsdp-rank-<r>.pt and its last grad norm and shard sizes to OUT/fsdp-<r>.json; then
 resumes SINGLE_RUN sharded and writes its eval to OUT/fsdp-resumed-<r>.json; last, trains
-OUT/fsdp-unused with `UNUSED`, OUT/fsdp-aux with `AUX` and OUT/fsdp-mor with `MOR`, saving each rank's
-gathered state to OUT/fsdp-<name>-<r>.pt.
+OUT/fsdp-unused with `UNUSED`, OUT/fsdp-aux with `AUX`, OUT/fsdp-mor with `MOR` and OUT/fsdp-odd with
+`ODD`, saving each rank's gathered state to OUT/fsdp-<name>-<r>.pt.
 `hang`: rank 1 sleeps instead of joining the first collective; rank 0 must fail within `dist_timeout`.
 
     torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py shard CORPUS OUT SINGLE_RUN
@@ -69,6 +69,7 @@ UNUSED = {"model": {"n_experts": 4}, "rand_depth": True, "rand_depth_bptt": 1, "
 EMA_DECAY = 0.8  # the weight average's run: every eval scores the average
 AUX = {"model": {"dspark_weight": 0.2, "jepa_weight": 0.2}}  # both auxiliary terms on
 MOR = {"model": {"mor": True}}  # routed iterations: top-k over each sequence, the router's BCE term
+ODD = {"model": {"d_model": 48, "n_heads": 3}}  # 3 heads: beta's projection has 3 rows, odd for 2 ranks
 
 
 def train(corpus_dir: str, out: str, single_run: str) -> None:
@@ -87,7 +88,7 @@ def train(corpus_dir: str, out: str, single_run: str) -> None:
         averaged = Trainer(tiny_config(ema_decay=EMA_DECAY), corpus, out / "ema", corpus_note="ddp test", world=world)
         averaged.run_loop()
         torch.save(averaged.ema.state_dict(), out / f"ema-{world.rank}.pt")
-        for name, extra in (("aux", AUX), ("mor", MOR)):
+        for name, extra in (("aux", AUX), ("mor", MOR), ("odd", ODD)):
             other = Trainer(tiny_config(**extra), corpus, out / name, corpus_note="ddp test", world=world)
             other.run_loop()
             torch.save(other.model.state_dict(), out / f"{name}-{world.rank}.pt")
@@ -121,7 +122,7 @@ def fsdp(corpus, out: Path, single_run: str, world) -> None:
     (out / f"fsdp-{world.rank}.json").write_text(json.dumps(facts))
     resumed = Trainer(cfg, corpus, single_run, corpus_note="fsdp test", resume=True, world=world)
     (out / f"fsdp-resumed-{world.rank}.json").write_text(json.dumps(resumed.evaluate([], [])))
-    for name, extra in (("unused", UNUSED), ("aux", AUX), ("mor", MOR)):
+    for name, extra in (("unused", UNUSED), ("aux", AUX), ("mor", MOR), ("odd", ODD)):
         other = Trainer(
             tiny_config(parallel="fsdp", **extra), corpus, out / f"fsdp-{name}", corpus_note="x", world=world
         )
