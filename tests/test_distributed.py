@@ -241,6 +241,34 @@ def test_torchrun_m_dormouse_train_is_the_same_run(runs, corpus, tmp_path):
     assert [e["bpb"] for e in records(tmp_path / "cli", "eval")] == [e["bpb"] for e in records(run, "eval")]
 
 
+def test_ctrl_c_to_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(corpus, tmp_path, one_thread):
+    """Ctrl-C reaches torchrun, which passes SIGINT to its workers: they agree on one step boundary, eval,
+    checkpoint and exit; the run resumes from that step alone."""
+    run = tmp_path / "run"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**MODEL, **TRAIN}.items()]
+    flags += ["--steps=400", "--eval-every=1000", "--ckpt-every=1000"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    env.pop("WORLD_SIZE", None)
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "dormouse", "train"]
+    proc = subprocess.Popen([*cmd, "--data", str(corpus.root), "--out", str(run), *flags], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 90
+        while not (run / "metrics.jsonl").exists() or len(records(run, "train")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 3"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            signal_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
+    stopped = records(run, "train")[-1]["step"]
+    assert 3 <= stopped < 400 and checkpoint.last_step(run) == stopped
+    assert [e["step"] for e in records(run, "eval")] == [stopped]
+    assert f"interrupted: stopped after step {stopped} with a checkpoint" in (run / "train.log").read_text()
+    alone = Trainer(tiny_config(steps=400), corpus, run, corpus_note="test", resume=True)
+    assert alone.step == stopped
+
+
 def test_checkpoints_reload_at_another_world_size_with_the_identical_eval(runs, corpus, capsys):
     _, single_evals, out, _, resumed = runs
     run = out / "run"

@@ -4,7 +4,9 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
+import signal
 
 import pytest
 import safetensors.torch
@@ -80,6 +82,38 @@ def test_interrupted_and_resumed_equals_uninterrupted(corpus, tmp_path):
     whole_evals = {e["step"]: e["bpb"] for e in evals(tmp_path / "whole")}
     part_evals = {e["step"]: e["bpb"] for e in evals(tmp_path / "part")}
     assert part_evals == {**whole_evals, 6: part_evals[6]}  # plus the eval the stop at step 6 made
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_the_resume_is_the_whole_run(
+    sig, corpus, tmp_path, monkeypatch
+):
+    """Ctrl-C or a preemption's SIGTERM during step 6 (0-based 5): the step finishes, an eval and a
+    checkpoint follow, the run raises KeyboardInterrupt; the resume continues it bit for bit."""
+    whole = fresh(tiny_config(), corpus, tmp_path / "whole")
+    whole.run_loop()
+    part = fresh(tiny_config(), corpus, tmp_path / "part")
+    step = part.train_step
+
+    def signalled(i):
+        ce = step(i)
+        if i == 5:
+            os.kill(os.getpid(), sig)  # delivered to the main thread before the next bytecode
+        return ce
+
+    monkeypatch.setattr(part, "train_step", signalled)
+    previous = signal.getsignal(sig)
+    with pytest.raises(KeyboardInterrupt):
+        part.run_loop()
+    assert signal.getsignal(sig) is previous  # the handlers are the caller's again
+    assert checkpoint.last_step(tmp_path / "part") == 6 and [e["step"] for e in evals(tmp_path / "part")] == [4, 6]
+    assert (
+        f"interrupted: stopped after step 6 with a checkpoint; --resume {tmp_path / 'part'}"
+        in (tmp_path / "part" / "train.log").read_text()
+    )
+    resumed = fresh(tiny_config(), corpus, tmp_path / "part", resume=True)
+    resumed.run_loop()
+    assert train_losses(tmp_path / "part") == train_losses(tmp_path / "whole")
 
 
 def test_resume_keeps_a_better_best(corpus, tmp_path):

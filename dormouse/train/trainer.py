@@ -401,14 +401,18 @@ class Trainer:
 
 
 class _DeferredInterrupt:
-    """Ctrl-C ends the run at the next step boundary (after an eval and a checkpoint), never inside an
-    update: a state saved between two optimizers' steps would be half-updated. A second Ctrl-C stops at once."""
+    """Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption; what torchrun forwards to its workers when it
+    is itself stopped) ends the run at the next step boundary, after an eval and a checkpoint, never inside
+    an update: a state saved between two optimizers' steps would be half-updated. A second signal stops
+    at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.requested = False
-        self.previous = None
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def _handle(self, signum, frame):
         if self.requested:
@@ -416,5 +420,5 @@ class _DeferredInterrupt:
         self.requested = True
 
     def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
