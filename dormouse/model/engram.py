@@ -187,7 +187,7 @@ def engram_keys(input_ids: torch.Tensor, orders, heads: int, rows: int, seed: in
     Arms are ordered order-major, head-minor (`a = orders.index(n)·heads + head`). Each arm has its own
     table slice; `global_rows` adds the offsets. See the module docstring for the exact formula.
     Computed on input_ids' device with exact int64 arithmetic only, so every device gives the same keys
-    (tested on the CPU; no GPU run yet).
+    (tests/gpu/test_engram_keys_cuda.py compares CUDA's with the CPU's; not run on a GPU yet).
     """
     orders = _check_config(orders, heads, rows, seed)
     if input_ids.ndim != 2:
