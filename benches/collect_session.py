@@ -8,7 +8,8 @@ a folder where results.tgz was already extracted is taken as it is.
 What `benches/gpu_session.sh` packed (history.tsv, bench-logs/, fla-pin/, the commands' own files):
 - rows of its history.tsv that benches/history.tsv lacks are appended; a row whose log names an A/B's
   device path (/tmp/<name>/ab.json) is pointed at the copy this script commits, <log dir>/<name>.json,
-  which must have come back (the session scripts copy /tmp/<name>/ab.json to $OUT/<name>.json);
+  which must have come back (the session scripts copy /tmp/<name>/ab.json to $OUT/<name>.json); a
+  recorded run's /tmp/<name>/metrics.jsonl likewise at <log dir>/<name>.metrics.jsonl;
 - bench logs the repo lacks are copied into benches/logs/;
 - the commands' *.json, *.jsonl and *.png go into the log dir as they are, their *.log without progress
   bars (tqdm's carriage-return redraws, which are most of a training log's bytes);
@@ -30,7 +31,13 @@ from merge_fla_pin import PIN, merge  # noqa: E402
 from dormouse.tools.bench import _shown_path  # noqa: E402  (how bench and ab name a log in a row)
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE_AB = re.compile(r"^/tmp/([\w.-]+)/ab\.json$")
+# A row's log on the device -> the name the session scripts copy it to under $OUT (and this script into the
+# log dir): an A/B's /tmp/<name>/ab.json -> <name>.json, a recorded run's /tmp/<name>/metrics.jsonl ->
+# <name>.metrics.jsonl (`dormouse train --record`).
+DEVICE_LOGS = (
+    (re.compile(r"^/tmp/([\w.-]+)/ab\.json$"), "{}.json"),
+    (re.compile(r"^/tmp/([\w.-]+)/metrics\.jsonl$"), "{}.metrics.jsonl"),
+)
 
 
 def strip_progress(text: str) -> str:
@@ -57,12 +64,13 @@ def new_rows(results: Path, history: Path, log_dir: Path) -> list[str]:
         if identity(row) in have:
             continue
         cells = row.split("\t")
-        match = DEVICE_AB.match(cells[log_col])
-        if match:
-            copy = log_dir / f"{match[1]}.json"
-            if not (results / copy.name).exists():
-                raise SystemExit(f"a row names {cells[log_col]}, but {copy.name} did not come back in {results}")
-            cells[log_col] = _shown_path(copy)
+        for pattern, name in DEVICE_LOGS:
+            match = pattern.match(cells[log_col])
+            if match:
+                copy = log_dir / name.format(match[1])
+                if not (results / copy.name).exists():
+                    raise SystemExit(f"a row names {cells[log_col]}, but {copy.name} did not come back in {results}")
+                cells[log_col] = _shown_path(copy)
         rows.append("\t".join(cells))
     return rows
 

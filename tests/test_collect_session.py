@@ -42,9 +42,11 @@ def places(tmp_path):
         row("/tmp/ab-w/ab.json", "ab w"),
         row("/tmp/ab-x/ab.json", "ab arm A"),
         row("benches/logs/new.log", "bench"),
+        row("/tmp/recipe/metrics.jsonl", "train /tmp/recipe"),
     ]
     (results / "history.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
     (results / "ab-x.json").write_text("{}")
+    (results / "recipe.metrics.jsonl").write_text('{"kind": "eval"}\n')
     (results / "ab-x.log").write_text("run x\n  5%|#  | 1/20\r 10%|## | 2/20\r      \reval step=2 bpb=2.5\n")
     (results / "bench-logs/new.log").write_text("bench")
     (results / "fla-pin/k.json").write_text(pin_file("new"))
@@ -67,12 +69,14 @@ def test_a_call_is_collected_into_the_repos_places(places, tmp_path):
         "benches/logs/s/ab-w.json",
         str(log_dir / "ab-x.json"),
         "benches/logs/new.log",
+        str(log_dir / "recipe.metrics.jsonl"),
     ]
+    assert (log_dir / "recipe.metrics.jsonl").read_text() == '{"kind": "eval"}\n'
     assert (log_dir / "ab-x.log").read_text() == "run x\neval step=2 bpb=2.5\n"
     assert (log_dir / "ab-x.json").read_text() == "{}" and (logs / "new.log").read_text() == "bench"
     assert sorted(json.loads((pin / "k.json").read_text())["autotune_entries"]) == ["new", "old"]
     assert [p.name for p in cache.iterdir()] == ["tc.tgz.part_aa"]
-    assert "appended 2 row(s) to history.tsv" in done and "1 kernel choice(s) added to the pin" in done
+    assert "appended 3 row(s) to history.tsv" in done and "1 kernel choice(s) added to the pin" in done
 
 
 def test_a_row_whose_ab_json_did_not_come_back_is_refused_before_anything_is_written(places, tmp_path):
@@ -82,6 +86,13 @@ def test_a_row_whose_ab_json_did_not_come_back_is_refused_before_anything_is_wri
     with pytest.raises(SystemExit, match="names /tmp/ab-x/ab.json, but ab-x.json did not come back"):
         collect_session.collect(results, tmp_path / "logs/session", history, logs, pin, cache)
     assert history.read_text() == before and not (tmp_path / "logs/session").exists()
+
+
+def test_a_recorded_runs_row_whose_metrics_did_not_come_back_is_refused(places, tmp_path):
+    results, history, logs, pin, cache = places
+    (results / "recipe.metrics.jsonl").unlink()
+    with pytest.raises(SystemExit, match="names /tmp/recipe/metrics.jsonl, but recipe.metrics.jsonl did not"):
+        collect_session.collect(results, tmp_path / "logs/session", history, logs, pin, cache)
 
 
 def test_unpack_extracts_results_tgz_and_takes_the_cache_parts_beside_it(places, tmp_path):
