@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from dormouse import config
 from dormouse.cli import main
 from dormouse.tools.bench import COLUMNS
@@ -108,9 +110,11 @@ def test_train_record_appends_the_run_as_one_priceable_row(random_corpus, tmp_pa
     assert measured_rows(read_history(history), setting(cfg)) == [got]
 
 
-def test_train_history_without_record_is_refused(tmp_path, capsys):
-    assert main(["train", "--history", str(tmp_path / "h.tsv"), "--steps", "1", "--out", str(tmp_path / "r")]) == 2
+@pytest.mark.parametrize("command", [["train", "--steps", "1"], ["generate", "RUN", "--prompt", "x"]])
+def test_history_without_record_is_refused_before_anything_runs(command, tmp_path, capsys):
+    assert main([*command, "--history", str(tmp_path / "h.tsv"), "--out", str(tmp_path / "r")]) == 2
     assert "add --record" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert not (tmp_path / "h.tsv").exists()
 
 
 def test_a_run_rows_timing_is_every_steps_median_with_the_first_step_apart():
