@@ -2,7 +2,6 @@
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -112,15 +111,14 @@ def _record_run(trainer, history: Path) -> None:
     """`train --record`: the run as one history row (tools/train_row.py)."""
     import torch
 
+    from dormouse.evaluation import eval_records
     from dormouse.tools.bench import append_row, git_commit, repo_root
     from dormouse.tools.train_row import train_row
 
-    records = [json.loads(line) for line in (trainer.run / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in records if r["kind"] == "eval"]
     row = train_row(
         trainer.cfg,
         trainer.step_ms,
-        evals,
+        eval_records(trainer.run),
         run=trainer.run,
         commit=git_commit(repo_root()),
         torch_version=torch.__version__,

@@ -13,6 +13,7 @@ does not depend on the world size.
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -193,3 +194,9 @@ def eval_line(record: dict) -> str:
 def append_jsonl(path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def eval_records(run) -> list[dict]:
+    """The eval records of run directory `run`'s metrics.jsonl, in order."""
+    records = map(json.loads, (Path(run) / "metrics.jsonl").read_text().splitlines())
+    return [r for r in records if r["kind"] == "eval"]

@@ -42,13 +42,17 @@ def step_generator(seed: int, step: int, rank: int = 0, device: str | torch.devi
 
 def dropout(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
     """x with each entry zeroed with probability p and the rest scaled by 1 / (1 − p); the mask from `gen`."""
-    keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= p
-    return x * keep / (1 - p)
+    return _masked(x, x.shape, p, gen)
 
 
 def drop_path(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
     """x with each row (dim 0: a sequence) zeroed with probability p and the rest scaled by 1 / (1 − p)."""
-    keep = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), generator=gen, device=x.device, dtype=torch.float32) >= p
+    return _masked(x, (x.shape[0],) + (1,) * (x.dim() - 1), p, gen)
+
+
+def _masked(x: torch.Tensor, shape: tuple[int, ...], p: float, gen: torch.Generator) -> torch.Tensor:
+    """x times a keep-mask of `shape` (broadcast over x) drawn from `gen`, the kept scaled by 1 / (1 − p)."""
+    keep = torch.rand(shape, generator=gen, device=x.device, dtype=torch.float32) >= p
     return x * keep / (1 - p)
 
 

@@ -47,7 +47,7 @@ from dormouse.config import Config, add_config_flags, config_from_args
 from dormouse.data.sampler import heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
-from dormouse.evaluation import heldout_score
+from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
 from dormouse.tools.ab_stats import paired_difference
 from dormouse.tools.bench import (
@@ -287,7 +287,6 @@ def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path, *, eval_depth
         bpb, scored = held.bpb, held.bytes
     else:
         bpb, scored = last["bpb"], last["heldout_bytes"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     by_depth = {"bpb_by_depth": bpb_by_depth(trainer, corpus)} if eval_depths else {}
     return {
         "seed": t.seed,
@@ -298,7 +297,7 @@ def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path, *, eval_depth
         "ms_per_step": statistics.median(trainer.step_ms),
         "step_ms": trainer.step_ms,
         "loadavg": [load_start, os.getloadavg()[0]],  # 1-minute load before and after: was the machine shared?
-        "curve": [[r["step"], r["bpb"]] for r in records if r["kind"] == "eval"],
+        "curve": [[r["step"], r["bpb"]] for r in eval_records(run_dir)],
         **by_depth,
     }
 

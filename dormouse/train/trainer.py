@@ -94,7 +94,6 @@ class Trainer:
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
         self.depths: list[int] = []  # loop depths of the training steps since the last eval
-        self.first_step_s: float | None = None  # this process's first training step (compiling, capture)
         self.step_ms: list[float] = []  # every training step this process ran, in run_loop's clock
         self.saved_step = None
         self.run_id = secrets.token_hex(6)
@@ -195,7 +194,7 @@ class Trainer:
 
     def dropout_gen(self, step: int) -> torch.Generator | None:
         """This rank's dropout generator of step `step` (keyed by (seed, step, rank): model/dropout.py); None:
-        dropout off, nothing drawn."""
+        dropout and drop_path off, nothing drawn."""
         if not draws_masks(self.cfg.model):
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
@@ -280,8 +279,7 @@ class Trainer:
                 self.step += 1
                 window_ms.append((time.perf_counter() - started) * 1000)
                 self.step_ms.append(window_ms[-1])
-                if self.first_step_s is None:  # this process's first step: the cold start
-                    self.first_step_s = window_ms[-1] / 1000
+                if len(self.step_ms) == 1:  # this process's first step: the cold start
                     since = time.monotonic() - dormouse.IMPORTED
                     self.log(
                         f"first step: {self.first_step_s:.1f} s, {since:.1f} s since dormouse was imported "
@@ -313,6 +311,11 @@ class Trainer:
             self.log(f"interrupted: stopped after step {self.step} with a checkpoint; --resume {self.run} goes on")
             raise KeyboardInterrupt
         return record
+
+    @property
+    def first_step_s(self) -> float | None:
+        """This process's first training step in seconds (compiling, capture); None before it."""
+        return self.step_ms[0] / 1000 if self.step_ms else None
 
     def scored_weights(self):
         """The weights a score of this run is of, in the model for a `with` block: the weight average
