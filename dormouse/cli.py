@@ -214,7 +214,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             f.write(result.bytes)
     else:
         sys.stdout.write(args.prompt + result.bytes.decode("utf-8", errors="replace") + "\n")
-    rate = f"{result.seconds:.2f} s ({result.bytes_per_s:.1f} bytes/s)"
+    rate = f"{result.seconds:.2f} s ({result.bytes_per_s:.3f} bytes/s)"
     print(f"generated {len(result.bytes)} bytes from {ck.path} in {rate}", file=sys.stderr)
     histogram = " ".join(f"{iters}:{n}" for iters, n in result.histogram().items())
     mean = sum(result.iterations) / len(result.iterations)

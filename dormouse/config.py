@@ -47,6 +47,11 @@ class ModelConfig:
         "block layers (0-based, comma-separated) whose mixer is softmax attention while the others run KDA "
         "(a hybrid, as Kimi Linear's 3:1); '' = none",
     )
+    attn_qk_norm: bool = _f(
+        True,
+        "RMSNorm on each attention head's queries and keys before RoPE (as KDA L2-normalises its own): without "
+        "it the Sinkhorn optimizer's fixed-size updates grow the attention logits and the arm learns slowly",
+    )
     kda_backend: str = _f(
         "auto",
         "KDA implementation; auto = fla on CUDA, chunked on CPU",

@@ -15,12 +15,20 @@ def randn(*shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=rng.generator(seed, 0, "test"), dtype=dtype)
 
 
-def make(seed: int = 0, d: int = 16, heads: int = 2, head_dim: int = 8) -> CausalSelfAttention:
-    attn = CausalSelfAttention(d, heads, head_dim, generator=init(seed))
+def make(seed: int = 0, d: int = 16, heads: int = 2, head_dim: int = 8, qk_norm: bool = False) -> CausalSelfAttention:
+    attn = CausalSelfAttention(d, heads, head_dim, generator=init(seed), qk_norm=qk_norm)
     with torch.no_grad():  # larger than the N(0, 0.02) init so the softmax is far from uniform
         for p in attn.parameters():
             p.mul_(15)
+        if qk_norm:  # gains other than 15 everywhere: each channel's own gain must be the one applied
+            attn.q_norm.weight.mul_(torch.linspace(0.5, 1.5, head_dim))
+            attn.k_norm.weight.mul_(torch.linspace(1.5, 0.5, head_dim))
     return attn
+
+
+def rms_ref(vec: list[float], gain: list[float], eps: float = 1e-6) -> list[float]:
+    scale = 1 / math.sqrt(sum(a * a for a in vec) / len(vec) + eps)
+    return [a * scale * g for a, g in zip(vec, gain, strict=True)]
 
 
 def rope_ref(vec: list[float], pos: int) -> list[float]:
@@ -37,7 +45,8 @@ def rope_ref(vec: list[float], pos: int) -> list[float]:
 
 @torch.no_grad()
 def attention_ref(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
-    """softmax(q·k/√D over s ≤ t) v per (batch, head, position), python floats, then o_proj."""
+    """softmax(q·k/√D over s ≤ t) v per (batch, head, position), python floats, then o_proj; with QK-norm,
+    q and k are each RMS-normalised per head (times the norm's gains) before the rotation."""
     bsz, t_len, _ = x.shape
     heads, dim = attn.n_heads, attn.head_dim
     wq, wk, wv, wo = (p.weight.double() for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
@@ -46,8 +55,12 @@ def attention_ref(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
         proj = [(wq @ x[b, t].double(), wk @ x[b, t].double(), wv @ x[b, t].double()) for t in range(t_len)]
         for h in range(heads):
             sl = slice(h * dim, (h + 1) * dim)
-            qs = [rope_ref(proj[t][0][sl].tolist(), t) for t in range(t_len)]
-            ks = [rope_ref(proj[t][1][sl].tolist(), t) for t in range(t_len)]
+            qs, ks = [proj[t][0][sl].tolist() for t in range(t_len)], [proj[t][1][sl].tolist() for t in range(t_len)]
+            if attn.q_norm is not None:
+                qs = [rms_ref(q, attn.q_norm.weight.tolist(), attn.q_norm.eps) for q in qs]
+                ks = [rms_ref(k, attn.k_norm.weight.tolist(), attn.k_norm.eps) for k in ks]
+            qs = [rope_ref(q, t) for t, q in enumerate(qs)]
+            ks = [rope_ref(k, t) for t, k in enumerate(ks)]
             vs = [proj[t][2][sl] for t in range(t_len)]
             for t in range(t_len):
                 scores = [sum(a * b for a, b in zip(qs[t], ks[s], strict=True)) / math.sqrt(dim) for s in range(t + 1)]
@@ -56,22 +69,27 @@ def attention_ref(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
     return mixed @ wo.T
 
 
-def test_construction_draws_nothing_from_the_global_rng_and_is_reproducible():
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_construction_draws_nothing_from_the_global_rng_and_is_reproducible(qk_norm):
     state = torch.random.get_rng_state()
-    a = CausalSelfAttention(16, 2, 8, generator=init(1))
+    a = CausalSelfAttention(16, 2, 8, generator=init(1), qk_norm=qk_norm)
     assert torch.equal(torch.random.get_rng_state(), state)
     with torch.no_grad():
         for p in a.parameters():
             p.zero_()
     a.reset_parameters(init(1))
-    b = CausalSelfAttention(16, 2, 8, generator=init(1))
+    b = CausalSelfAttention(16, 2, 8, generator=init(1), qk_norm=qk_norm)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
-        assert 0.015 < pa.std().item() < 0.025, name
+        if name.endswith("_norm.weight"):
+            assert torch.equal(pa, torch.ones(8)), name
+        else:
+            assert 0.015 < pa.std().item() < 0.025, name
 
 
-def test_forward_matches_float64_loop_reference():
-    attn = make(1, d=12, heads=3, head_dim=6).double()
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_forward_matches_float64_loop_reference(qk_norm):
+    attn = make(1, d=12, heads=3, head_dim=6, qk_norm=qk_norm).double()
     x = randn(2, 7, 12, seed=1, dtype=torch.float64)
     torch.testing.assert_close(attn(x), attention_ref(attn, x), rtol=0, atol=1e-12)
 
@@ -86,8 +104,9 @@ def test_rotary_is_a_rotation_with_relative_scores():
     assert torch.equal(rotary(q, 0), q)
 
 
-def test_steps_equal_full_forward():
-    attn = make(2)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_steps_equal_full_forward(qk_norm):
+    attn = make(2, qk_norm=qk_norm)
     x = randn(2, 12, 16, seed=4)
     full = attn(x)
     cache, ys = None, []
@@ -127,8 +146,9 @@ def test_causality_is_exact():
         assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
 
 
-def test_gradients_reach_every_projection_and_match_central_differences():
-    attn = make(5, d=8, heads=2, head_dim=4).double()
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_gradients_reach_every_projection_and_match_central_differences(qk_norm):
+    attn = make(5, d=8, heads=2, head_dim=4, qk_norm=qk_norm).double()
     x = randn(1, 5, 8, seed=8, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(attn, (x,), eps=1e-6, atol=1e-8)
     attn(x).pow(2).sum().backward()

@@ -163,6 +163,14 @@ def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
     assert config.layer_mixers(cfg.model) == ["kda", "attention", "kda", "attention"]
     kinds = [type(layer.mixer) for layer in DormouseLM(cfg.model).layers]
     assert kinds == [KDALayer, CausalSelfAttention, KDALayer, CausalSelfAttention]
+    # QK-norm on by default, off with --no-attn-qk-norm (eps: the model's norm_eps)
+    for flags, has in [({}, True), ({"attn_qk_norm": False}, False)]:
+        c = config.resolve(
+            config.build("nano", {"model": {**hybrid["model"], **flags, "norm_eps": 1e-5}}), cuda_available=False
+        )
+        mixers = [layer.mixer for layer in DormouseLM(c.model).layers if isinstance(layer.mixer, CausalSelfAttention)]
+        assert [m.q_norm is not None for m in mixers] == [has, has]
+        assert all(m.k_norm.eps == 1e-5 for m in mixers if has)
     for model, message in [
         ({"attention_layers": "2"}, "distinct layer indices in 0..1"),
         ({"attention_layers": "0,0"}, "distinct layer indices"),

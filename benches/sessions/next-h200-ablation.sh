@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned device calls (not run yet): the quality issue's ablation table, three seeds per row, every row
+# The quality issue's ablation table (session 11 ran it: 2026-12-03-s11-call{1,2}.sh), three seeds per row, every row
 # against one baseline (the candidate recipe, configs/tinyshakespeare.toml, at STEPS steps) on the
 # validation slice. In each call the first row trains the baseline and the others reuse it (--reuse-a:
 # /tmp does not outlive a call, so each call trains its own). Split the rows over calls with ROWS:
@@ -13,6 +13,7 @@ AB="python3 -m dormouse ab --config configs/tinyshakespeare.toml --data $V --ste
 declare -A B=(
   [engram]="--engram" [attention]="--no-kda" [depth1]="--depth 1" [depth3]="--depth 3"
   [attnres]="--attn-res" [dspark]="--dspark-weight 0.1" [jepa]="--jepa-weight 0.1" [adamw]="--opt adamw"
+  [attnadamw]="--no-kda --opt adamw"
 )
 SHOW="grep -a -E '^(overall|ms/step|verdict)'"
 # BASE=FILE (an earlier call's ab.json as collected, e.g. benches/logs/<session>/abl-engram.json): every

@@ -1,9 +1,9 @@
 """Causal softmax self-attention: the mixer arm that replaces KDA (`--no-kda`).
 
-q/k/v/o projections without bias, rotary position embeddings on q and k, and
-`scaled_dot_product_attention`. Decoding carries a KV cache of the rotated keys and the values;
-a position's rotary angle is its index in the sequence, so the positions of new inputs start at the
-cache length.
+q/k/v/o projections without bias, optionally an RMSNorm on each head's queries and keys (QK-norm, as in
+OLMo 2 and modded-nanogpt), rotary position embeddings on q and k, and `scaled_dot_product_attention`.
+Decoding carries a KV cache of the rotated keys and the values; a position's rotary angle is its index in
+the sequence, so the positions of new inputs start at the cache length.
 """
 
 from dataclasses import dataclass
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse.model.init import linear, normal_init_
+from dormouse.model.norm import RMSNorm
 
 ROPE_BASE = 10000.0
 
@@ -46,7 +47,9 @@ def rotary(x: torch.Tensor, start: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, head_dim: int, *, generator: torch.Generator):
+    def __init__(
+        self, d_model: int, n_heads: int, head_dim: int, *, generator: torch.Generator, qk_norm: bool = False, eps=1e-6
+    ):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got head_dim={head_dim}")
@@ -56,11 +59,16 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = linear(d_model, inner)
         self.v_proj = linear(d_model, inner)
         self.o_proj = linear(inner, d_model)
+        # One gain per channel of a head, shared by the heads (the norm runs over the last dim of [B,T,H,D]).
+        self.q_norm, self.k_norm = (RMSNorm(head_dim, eps), RMSNorm(head_dim, eps)) if qk_norm else (None, None)
         self.reset_parameters(generator)
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
             normal_init_(lin.weight, gen)
+        if self.q_norm is not None:
+            self.q_norm.reset_parameters()
+            self.k_norm.reset_parameters()
 
     def forward(
         self, x: torch.Tensor, cache: KVCache | None = None, return_cache: bool = False
@@ -71,10 +79,10 @@ class CausalSelfAttention(nn.Module):
         """
         b, t, _ = x.shape
         start = 0 if cache is None else cache.length
-        q, k, v = (
-            p(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-            for p in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        q, k, v = (p(x).view(b, t, self.n_heads, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         q, k = rotary(q, start), rotary(k, start)
         if cache is not None:
             k, v = torch.cat((cache.k, k), dim=2), torch.cat((cache.v, v), dim=2)

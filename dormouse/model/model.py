@@ -102,7 +102,9 @@ class Layer(nn.Module):
                 fla_prep_in_kernel=cfg.kda_prep_in_kernel,
             )
         else:
-            self.mixer = CausalSelfAttention(d, cfg.n_heads, cfg.head_dim, generator=gen)
+            self.mixer = CausalSelfAttention(
+                d, cfg.n_heads, cfg.head_dim, generator=gen, qk_norm=cfg.attn_qk_norm, eps=cfg.norm_eps
+            )
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.ffn = make_ffn(d, cfg.ffn_hidden, cfg.n_experts, cfg.experts_top_k, gen)
 
