@@ -91,6 +91,11 @@ class ModelConfig:
     )
     n_experts: int = _f(1, "FFN experts; 1 = the dense SwiGLU, >1 = top-k mixture of experts", lo=1, hi=64)
     experts_top_k: int = _f(1, "experts each byte is routed to (≤ n_experts)", lo=1)
+    experts_dense: bool = _f(
+        False,
+        "run every expert on every byte and weigh the outputs by the routing (0 where not chosen): the same "
+        "function at n_experts/top_k times the FFN FLOPs, in fixed shapes (what --cuda-graph needs)",
+    )
     moe_balance_weight: float = _f(0.01, "weight of the experts' load-balancing term in the loss", lo=0.0)
     attn_res: bool = _f(False, "layer inputs are a learned softmax mix of earlier layer outputs (AttnRes)")
     persistent_memory: str = _f(
@@ -351,6 +356,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"engram_orders {m.engram_orders!r}: distinct integers in 1..16, comma-separated")
     if m.experts_top_k > m.n_experts:
         raise ConfigError(f"experts_top_k {m.experts_top_k} exceeds n_experts {m.n_experts}")
+    if m.experts_dense and m.n_experts == 1:
+        raise ConfigError("experts_dense needs n_experts > 1 (--n-experts): one expert is the plain SwiGLU")
     if (m.persistent_memory == "disabled") != (m.memory_slots == 0):
         raise ConfigError(
             f"persistent_memory {m.persistent_memory} with memory_slots {m.memory_slots}: "
@@ -453,7 +460,10 @@ def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
         return
     changing = {
         "mor": (m.mor, "MoR's routed positions change the shapes per step"),
-        "n_experts": (m.n_experts > 1, "expert routing sizes its batches per step"),
+        "n_experts": (
+            m.n_experts > 1 and not m.experts_dense,
+            "expert routing sizes its batches per step (--experts-dense runs every expert on every byte)",
+        ),
         "engram_shard": (t.engram_shard, "sharded lookups exchange data-dependent sizes"),
     }
     for name, (on, why) in changing.items():

@@ -79,6 +79,7 @@ def test_booleans_and_short_arms():
         (["--byte-noise-source", "unigram"], "byte_noise_source unigram acts only with byte_noise > 0"),
         (["--mor", "--depth", "1"], "mor routes the iterations after the first: it needs depth >= 2"),
         (["--mor", "--attn-res"], "mor with attn_res is not built"),
+        (["--experts-dense"], r"experts_dense needs n_experts > 1 \(--n-experts\)"),
         (["--mor-capacity", "0"], r"mor_capacity 0.0 is out of range; allowed \(0.0, 1.0\]"),
         (["--mor-capacity", "1.5"], r"mor_capacity 1.5 is out of range"),
         (["--gate-lower-bound", "-6"], r"kda_safe_gate needs gate_lower_bound in \[-5.0, 0.0\).*--no-kda-safe-gate"),

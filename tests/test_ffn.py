@@ -99,6 +99,31 @@ def test_moe_matches_per_token_loop(n_experts, top_k):
     torch.testing.assert_close(aux["moe_balance"], expected, rtol=0, atol=1e-14)
 
 
+@pytest.mark.parametrize("n_experts,top_k", [(4, 2), (3, 1), (3, 3)])
+def test_dense_dispatch_is_the_same_function_gradients_and_load(n_experts, top_k):
+    # Every expert on every token, weighted 0 where not chosen: equal to the per-token loop and to the sparse
+    # dispatch (the zero terms add nothing), with the same gradients for the router and every expert.
+    sparse = MoE(8, 16, n_experts, top_k, generator=init(2)).double()
+    dense = MoE(8, 16, n_experts, top_k, generator=init(2), dense=True).double()
+    with torch.no_grad():
+        for m in (sparse, dense):
+            m.router.weight.mul_(50)
+    x, r = randn(3, 7, 8, seed=1), randn(3, 7, 8, seed=2)
+    outs = []
+    for m in (sparse, dense):
+        y, aux = m(x)
+        ((y * r).sum() + aux["moe_balance"]).backward()
+        outs.append((y, aux["moe_balance"], m.pop_load(), {n: p.grad for n, p in m.named_parameters()}))
+    ref, chosen = moe_ref(dense, x)
+    torch.testing.assert_close(outs[1][0], ref, rtol=0, atol=1e-13)
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=0, atol=1e-13)
+    assert outs[1][1].item() == pytest.approx(outs[0][1].item(), abs=1e-14)
+    counts = torch.bincount(torch.tensor([i for top in chosen for i in top]), minlength=n_experts)
+    assert torch.equal(outs[0][2], counts) and torch.equal(outs[1][2], counts)
+    for name, g in outs[0][3].items():
+        torch.testing.assert_close(outs[1][3][name], g, rtol=0, atol=1e-12, msg=name)
+
+
 def test_moe_accepts_any_leading_shape_and_accumulates_load():
     moe = MoE(8, 16, 4, 2, generator=init(2))
     x = randn(3, 7, 8, seed=1, dtype=torch.float32)

@@ -104,6 +104,12 @@ def test_paths_a_graph_cannot_hold_are_refused(model, name):
         config.validate(cfg)
 
 
+def test_experts_with_dense_dispatch_are_held_by_a_graph():
+    config.validate(
+        config.build("nano", {"model": {"n_experts": 4, "experts_dense": True}, "train": {"cuda_graph": True}})
+    )
+
+
 def test_random_depth_is_held_by_one_graph_per_depth():
     config.validate(config.build("nano", {"train": {"cuda_graph": True, "rand_depth": True}}))  # not refused
 

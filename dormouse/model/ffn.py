@@ -48,15 +48,22 @@ class MoE(nn.Module):
     mean router probability of expert `i` over the `N` tokens. It is 1.0 at perfect balance and up to
     `n_experts / top_k` when every token sends all its slots to the same experts.
 
+    Dispatch: `dense=False` runs each expert on the tokens routed to it (gathered by index: shapes change
+    with the routing, one host sync per expert); `dense=True` runs every expert on every token and weighs
+    the outputs by the routing, zero for experts not chosen: the same function (the zero terms add
+    nothing) at n_experts / top_k times the FFN's FLOPs, in fixed shapes a CUDA graph can replay.
+
     Load statistics: `self.load` (int64 `[n_experts]`, a non-persistent buffer) accumulates the
     token-slots each expert received since the last `pop_load()`, across every call (so across loop
     iterations too). A recomputing forward (activation checkpointing) counts twice.
     """
 
-    def __init__(self, d_model: int, hidden: int, n_experts: int, top_k: int, *, generator: torch.Generator):
+    def __init__(
+        self, d_model: int, hidden: int, n_experts: int, top_k: int, *, generator: torch.Generator, dense: bool = False
+    ):
         super().__init__()
         _check_experts(n_experts, top_k)
-        self.n_experts, self.top_k = n_experts, top_k
+        self.n_experts, self.top_k, self.dense = n_experts, top_k, dense
         # Each expert initialises itself from `generator`; then the router. reset_parameters draws in
         # the same order, so a reset from a fresh stream reproduces the constructed weights.
         self.experts = nn.ModuleList(SwiGLU(d_model, hidden, generator=generator) for _ in range(n_experts))
@@ -83,14 +90,24 @@ class MoE(nn.Module):
         xf = x.reshape(-1, shape[-1])
         probs, top_i, weights = self.route(xf)
         out = torch.zeros_like(xf)
-        for e, expert in enumerate(self.experts):
-            # A token picks an expert at most once, so `tok` has no repeats: index_add_ is deterministic.
-            tok, slot = (top_i == e).nonzero(as_tuple=True)
-            if tok.numel() == 0:
-                continue
-            y, _ = expert(xf[tok])
-            out.index_add_(0, tok, (y * weights[tok, slot, None].to(y.dtype)).to(out.dtype))
-        counts = torch.bincount(top_i.reshape(-1), minlength=self.n_experts)
+        if self.dense:
+            gate = torch.zeros_like(probs).scatter(-1, top_i, weights)  # [N, E]: 0 where not chosen
+            for e, expert in enumerate(self.experts):
+                y, _ = expert(xf)
+                out = out + (y * gate[:, e, None].to(y.dtype)).to(out.dtype)
+        else:
+            for e, expert in enumerate(self.experts):
+                # A token picks an expert at most once, so `tok` has no repeats: index_add_ is deterministic.
+                tok, slot = (top_i == e).nonzero(as_tuple=True)
+                if tok.numel() == 0:
+                    continue
+                y, _ = expert(xf[tok])
+                out.index_add_(0, tok, (y * weights[tok, slot, None].to(y.dtype)).to(out.dtype))
+        # Token-slots per expert; a scatter, not bincount, whose output size would need a host sync.
+        flat = top_i.reshape(-1)
+        counts = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat)
+        )
         with torch.no_grad():
             self.load += counts
         return out.reshape(shape), {"moe_balance": balance_term(probs, counts)}
@@ -110,12 +127,15 @@ def balance_term(probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return n_experts * (f * p).sum()
 
 
-def make_ffn(d_model: int, hidden: int, n_experts: int, top_k: int, generator: torch.Generator) -> SwiGLU | MoE:
-    """The dense SwiGLU when `n_experts == 1` (no router at all), else the mixture of experts."""
+def make_ffn(
+    d_model: int, hidden: int, n_experts: int, top_k: int, generator: torch.Generator, *, dense: bool = False
+) -> SwiGLU | MoE:
+    """The dense SwiGLU when `n_experts == 1` (no router at all), else the mixture of experts (`dense`: its
+    dispatch)."""
     _check_experts(n_experts, top_k)
     if n_experts == 1:
         return SwiGLU(d_model, hidden, generator=generator)
-    return MoE(d_model, hidden, n_experts, top_k, generator=generator)
+    return MoE(d_model, hidden, n_experts, top_k, generator=generator, dense=dense)
 
 
 def _check_experts(n_experts: int, top_k: int) -> None:

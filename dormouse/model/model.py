@@ -106,7 +106,7 @@ class Layer(nn.Module):
                 d, cfg.n_heads, cfg.head_dim, generator=gen, qk_norm=cfg.attn_qk_norm, eps=cfg.norm_eps
             )
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
-        self.ffn = make_ffn(d, cfg.ffn_hidden, cfg.n_experts, cfg.experts_top_k, gen)
+        self.ffn = make_ffn(d, cfg.ffn_hidden, cfg.n_experts, cfg.experts_top_k, gen, dense=cfg.experts_dense)
 
     def forward(self, x, cache=None, *, step: bool = False, want_cache: bool = False, drop=keep_all):
         """x [B,T,d] (or [B,d] with step=True) -> (delta, aux, cache or None). `drop` is applied to the
