@@ -158,6 +158,12 @@ class TrainConfig:
     minutes: float = _f(0.0, "train for this wall time instead of --steps; 0 = off", lo=0.0)
     lr: float = _f(3e-3, "peak learning rate (scales every optimizer group)", lo=0.0)
     opt: str = _f("default", "default = routing policy; adamw = everything on AdamW", choices=("default", "adamw"))
+    # A Sinkhorn update has entry RMS exactly 1; AdamW's is 1 for a gradient consistent from step to step and
+    # ~0.23 for noise (tests/test_optim.py pins both): 1.0 matches the first regime, and in a noisy one the
+    # matrices step up to ~4x what AdamW would at the same lr. SinkGD's paper runs 0.05 x Adam's lr.
+    sinkhorn_lr_scale: float = _f(
+        1.0, "lr multiplier of the matrices under the default routing's NesterovSinkhorn (lr x this)", lo=0.0
+    )
     warmup_steps: int = _f(100, "linear warm-up steps", lo=0)
     lr_decay: str = _f("cosine", "decay after warm-up", choices=("cosine", "linear", "constant"))
     lr_floor: float = _f(0.1, "final lr as a fraction of the peak", lo=0.0, hi=1.0)

@@ -91,6 +91,7 @@ def test_bench_refuses_minutes_and_zero_warmup(capsys):
 
 
 ARMS = [{}, {"mixer": "attention"}, {"attention_layers": "1"}, {"n_experts": 4, "experts_top_k": 2}]
+ARMS += [{"n_experts": 4, "experts_top_k": 2, "experts_dense": True}]
 ARMS += [{"tie_embeddings": False}]
 ARMS = [{**ENGRAM_OFF, **arm} for arm in ARMS] + [{"engram": True, "memory_slots": 8}]
 
@@ -180,6 +181,8 @@ def test_arms_name_the_loops_arms_so_rows_of_one_do_not_price_the_other():
             config.resolve(config.build("nano", {"model": model or {}, "train": train or {}}), cuda_available=False)
         )
 
+    assert "experts" not in arms_of() and "experts=4/top1," in arms_of({"n_experts": 4})
+    assert "experts=4/top2/dense," in arms_of({"n_experts": 4, "experts_top_k": 2, "experts_dense": True})
     assert "rand_depth" not in arms_of() and "mor" not in arms_of()
     assert arms_of(train={"rand_depth": True}).endswith(",rand_depth=1-2")
     assert arms_of({"depth": 3}, {"rand_depth": True, "rand_depth_bptt": 1}).endswith(",rand_depth=1-3/bptt1")

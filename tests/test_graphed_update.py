@@ -15,7 +15,7 @@ from dormouse.train.optim import NesterovSinkhorn
 from dormouse.train.routing import build_optimizers, route
 from dormouse.train.sparse import clip_grad_norm_
 
-HYPER = SimpleNamespace(lr=0.01, weight_decay=0.1)
+HYPER = SimpleNamespace(lr=0.01, weight_decay=0.1, sinkhorn_lr_scale=1.0)
 
 
 def model(**fields):

@@ -241,7 +241,7 @@ def test_update_rms_sinkhorn_vs_adamw():
     #   i.i.d. N(0,1) noise AdamW 1.000 0.453 0.326 0.223   (steady state √((1−β1)/(1+β1)) = 0.229)
     #   G + 3·noise         AdamW 1.000 0.511 0.417 0.355
     # A Sinkhorn update has RMS 1 by construction; AdamW's is 1 for a consistent gradient and falls
-    # towards 0.23 as the gradient becomes noise. SINKHORN_LR_SCALE = 1.0 matches the first regime; in
+    # towards 0.23 as the gradient becomes noise. --sinkhorn-lr-scale 1.0 (the default) matches the first regime; in
     # a noise-dominated one the matrices take steps up to ~4× AdamW's at the same lr.
     shape = (128, 64)
     G = randn(*shape, seed=9)
@@ -324,7 +324,7 @@ def test_build_optimizers_wiring():
     assert opts.lrs() == {"adamw_decay": 0.02, "adamw_no_decay": 0.02, "matrices": 0.02}
     opts.set_lr(0.25)
     assert opts.lrs() == {"adamw_decay": 0.005, "adamw_no_decay": 0.005, "matrices": 0.005}
-    scaled = build_optimizers(route(model), cfg(lr=0.02), sinkhorn_lr_scale=0.05)
+    scaled = build_optimizers(route(model), cfg(lr=0.02, sinkhorn_lr_scale=0.05))
     assert scaled.lrs()["matrices"] == pytest.approx(0.001) and scaled.lrs()["adamw_decay"] == 0.02
 
 

@@ -4,6 +4,8 @@
 # validation slice. In each call the first row trains the baseline and the others reuse it (--reuse-a:
 # /tmp does not outlive a call, so each call trains its own). Split the rows over calls with ROWS:
 #   ROWS="moe" bash benches/sessions/next-h200-ablation.sh       (what session 11 left: ~4 min)
+#   ROWS="sink01 sink03 sink003" ...   the Sinkhorn optimizer at smaller matrix lrs (--sinkhorn-lr-scale;
+#                                      AdamW beat it at scale 1.0 by 0.175 in session 11; on the CPU, nano)
 # The experts row runs graphed with --experts-dense (every expert on every byte, weighted by the routing:
 # the sparse dispatch's function, tested on the CPU; the sparse one is refused under --cuda-graph and ran
 # at 244 ms/step eager in session 11). First run the graphed-step GPU test's experts-dense case:
@@ -16,6 +18,7 @@ declare -A B=(
   [engram]="--engram" [attention]="--no-kda" [depth1]="--depth 1" [depth3]="--depth 3"
   [attnres]="--attn-res" [dspark]="--dspark-weight 0.1" [jepa]="--jepa-weight 0.1" [adamw]="--opt adamw"
   [attnadamw]="--no-kda --opt adamw" [moe]="--n-experts 4 --experts-dense"
+  [sink03]="--sinkhorn-lr-scale 0.3" [sink01]="--sinkhorn-lr-scale 0.1" [sink003]="--sinkhorn-lr-scale 0.03"
 )
 SHOW="grep -a -E '^(overall|ms/step|verdict)'"
 # BASE=FILE (an earlier call's ab.json as collected, e.g. benches/logs/<session>/abl-engram.json): every

@@ -25,11 +25,11 @@ FLOPs per step (`flops_per_step`), counted from the model, not measured:
 
 B = batch_size, T = seq_len, S = T + memory_slots (positions through the looped block). N_block =
 depth · Σ weights of the nn.Linear modules of the looped block (a MoE expert's weights count
-top_k / n_experts of the time; the router always). N_byte = 256 · d_model (the LM head, tied or not)
-plus the weights of every nn.Linear outside the block (the Engram memory's W_K, W_V: it runs once,
-on the byte positions only); those are named in the log. 6 = 2 FLOPs per multiply-add × (forward +
-backward at twice the forward). M is the mixer's own forward FLOPs per position per layer
-application, ×3 for forward + backward:
+top_k / n_experts of the time, all of it under `experts_dense`; the router always). N_byte =
+256 · d_model (the LM head, tied or not) plus the weights of every nn.Linear outside the block (the
+Engram memory's W_K, W_V: it runs once, on the byte positions only); those are named in the log.
+6 = 2 FLOPs per multiply-add × (forward + backward at twice the forward). M is the mixer's own forward
+FLOPs per position per layer application, ×3 for forward + backward:
 
     kda:        H · (6·K·V + 4·C·K + 2·C·V + C·(K + V))      K = V = head_dim, C = kda_chunk_size
     attention:  H · head_dim · 2 · (S + 1)                  causal: a query sees (S + 1) / 2 keys on average
@@ -175,7 +175,8 @@ def count_flops(model: nn.Module, cfg: Config) -> FlopCount:
         if not isinstance(mod, nn.Linear) or name == "lm_head":
             continue
         if name.startswith("layers."):
-            share = m.experts_top_k / m.n_experts if ".experts." in f".{name}." else 1.0
+            routed = ".experts." in f".{name}." and not m.experts_dense  # dense: every expert sees every byte
+            share = m.experts_top_k / m.n_experts if routed else 1.0
             block += mod.weight.numel() * share
         else:
             outside += mod.weight.numel()
@@ -231,7 +232,8 @@ def arms(cfg: Config) -> str:
     if m.attention_layers:
         out.append(f"attention_layers={m.attention_layers.replace(',', '-')}")
     if m.n_experts > 1:
-        out.append(f"experts={m.n_experts}/top{m.experts_top_k}")
+        # the dense dispatch runs every expert on every byte: n_experts/top_k times the sparse one's FFN FLOPs
+        out.append(f"experts={m.n_experts}/top{m.experts_top_k}" + ("/dense" if m.experts_dense else ""))
     if m.attn_res:
         out.append("attn_res")
     if m.persistent_memory != "disabled":
