@@ -3,14 +3,16 @@
 # against one baseline (the candidate recipe, configs/tinyshakespeare.toml, at STEPS steps) on the
 # validation slice. In each call the first row trains the baseline and the others reuse it (--reuse-a:
 # /tmp does not outlive a call, so each call trains its own). Split the rows over calls with ROWS:
-#   ROWS="moe" bash benches/sessions/next-h200-ablation.sh       (what session 11 left: ~4 min)
-#   ROWS="sink01 sink03 sink003" ...   the Sinkhorn optimizer at smaller matrix lrs (--sinkhorn-lr-scale;
-#                                      AdamW beat it at scale 1.0 by 0.175 in session 11; on the CPU, nano)
-# The experts row runs graphed with --experts-dense (every expert on every byte, weighted by the routing:
-# the sparse dispatch's function, tested on the CPU; the sparse one is refused under --cuda-graph and ran
-# at 244 ms/step eager in session 11). First run the graphed-step GPU test's experts-dense case:
-#   TEST=1 ROWS="moe" ...
-# Carry .whl, .gpu-data, .device-commit and .triton-cache. Then the table: python -m dormouse.tools.ab_table "LABEL=ab.json" ...
+#   TEST=1 ROWS="moe sink01 sink03 sink003 adamw" bash benches/sessions/next-h200-ablation.sh
+#       what session 11 left, ~7 min: the graphed-step test's experts case, arm A, the experts row, the
+#       Sinkhorn lr rows, AdamW again against this call's A (one call's rows compare exactly)
+# sink*: the Sinkhorn optimizer at smaller matrix lrs (--sinkhorn-lr-scale; AdamW beat it at scale 1.0 by
+# 0.175 in session 11; on the CPU, nano, scale 0.1 beat AdamW). The experts row runs graphed with
+# --experts-dense (every expert on every byte, weighted by the routing: the sparse dispatch's function,
+# tested on the CPU; the sparse one is refused under --cuda-graph and ran at 244 ms/step eager in session
+# 11); TEST=1 first runs the graphed-step GPU test's experts-dense case.
+# Carry .whl, .gpu-data, .device-commit and .triton-cache.
+# Then the table: python -m dormouse.tools.ab_table "LABEL=ab.json" ...
 V=.gpu-data/ts-val
 STEPS=${STEPS:-500}
 AB="python3 -m dormouse ab --config configs/tinyshakespeare.toml --data $V --steps $STEPS --eval-every $STEPS --seeds 3 --record"

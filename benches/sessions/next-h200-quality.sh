@@ -2,7 +2,8 @@
 # Planned device calls (not run yet): the recipe under AdamW, on the validation slice only. Session 11 found
 # --opt adamw 0.175 bpb ahead of Sinkhorn at 500 steps (3 seeds) and the recipe under it at 1.9983 at step
 # 1000 of its 4000, then overfitting hard (val-adamw.log): its schedule and regularisers want retuning.
-# Two parts, each recorded (history rows), one seed unless SEEDS=3:
+# Run the ablation's optimizer rows first (next-h200-ablation.sh: ROWS="sink01 sink03 sink003"): if a
+# smaller Sinkhorn lr beats AdamW there, set OPT to it. Two parts, each recorded, one seed unless SEEDS=3:
 #   LENGTHS="1000 1500 2000"  `dormouse train` runs of the config + --opt adamw at those schedule lengths
 #                             (each its own cosine; `ab` holds steps equal, so lengths are runs, not A/Bs)
 #   ROWS="drop3 noise10 ..."  A/Bs at STEPS (default 1200) steps, every B against one arm A (the config
@@ -15,7 +16,9 @@
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
 V=.gpu-data/ts-val
 STEPS=${STEPS:-1200}
-C="--config configs/tinyshakespeare.toml --opt adamw --data $V --eval-every 250 --record"
+# OPT: the optimizer flags every run shares (the ablation's sink rows may say --sinkhorn-lr-scale 0.1 instead)
+OPT=${OPT:---opt adamw}
+C="--config configs/tinyshakespeare.toml $OPT --data $V --eval-every 250 --record"
 declare -A B=(
   [drop3]="--dropout 0.3" [noise10]="--byte-noise 0.1" [wd1]="--weight-decay 1.0" [lr2e3]="--lr 2e-3"
   [lr1e3]="--lr 1e-3" [d640]="--d-model 640 --n-heads 10 --ffn-hidden 1920" [t1024]="--seq-len 1024 --batch-size 16"

@@ -48,7 +48,14 @@ def rotary(x: torch.Tensor, start: int) -> torch.Tensor:
 
 class CausalSelfAttention(nn.Module):
     def __init__(
-        self, d_model: int, n_heads: int, head_dim: int, *, generator: torch.Generator, qk_norm: bool = False, eps=1e-6
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int,
+        *,
+        generator: torch.Generator,
+        qk_norm: bool = False,
+        eps: float = 1e-6,
     ):
         super().__init__()
         if head_dim % 2:
