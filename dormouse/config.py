@@ -379,6 +379,10 @@ def validate(cfg: Config) -> None:
         )
     if t.byte_noise_source != "uniform" and not t.byte_noise:
         raise ConfigError(f"byte_noise_source {t.byte_noise_source} acts only with byte_noise > 0")
+    if t.opt == "adamw" and t.sinkhorn_lr_scale != 1.0:
+        raise ConfigError(
+            f"sinkhorn_lr_scale {t.sinkhorn_lr_scale:g} acts only with opt default (--opt adamw has no Sinkhorn)"
+        )
 
 
 def engram_layers(m: ModelConfig) -> tuple[int, ...]:

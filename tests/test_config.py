@@ -77,6 +77,7 @@ def test_booleans_and_short_arms():
         (["--rand-depth", "--rand-depth-bptt", "3"], "rand_depth_bptt 3 exceeds depth 2"),
         (["--rand-depth-bptt", "1"], "act only with --rand-depth"),
         (["--byte-noise-source", "unigram"], "byte_noise_source unigram acts only with byte_noise > 0"),
+        (["--opt", "adamw", "--sinkhorn-lr-scale", "0.1"], r"sinkhorn_lr_scale 0.1 acts only with opt default"),
         (["--mor", "--depth", "1"], "mor routes the iterations after the first: it needs depth >= 2"),
         (["--mor", "--attn-res"], "mor with attn_res is not built"),
         (["--experts-dense"], r"experts_dense needs n_experts > 1 \(--n-experts\)"),
