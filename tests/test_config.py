@@ -152,7 +152,7 @@ def test_tinyshakespeare_recipe_stays_within_nanogpts_bytes_with_evals_at_quarte
     t = cfg.train
     assert t.steps * t.batch_size * t.seq_len <= NANOGPT_BYTES
     assert [t.steps // 4, t.steps // 2] == [t.eval_every, 2 * t.eval_every] and t.steps % t.eval_every == 0
-    assert (cfg.model.engram, cfg.model.dropout, t.cuda_graph) == (False, 0.2, True)
+    assert (cfg.model.engram, cfg.model.dropout, t.opt, t.cuda_graph) == (False, 0.3, "adamw", True)
 
 
 def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():

@@ -1,5 +1,5 @@
-"""On CUDA with fla: every fla kernel reads the committed pin, and the candidate recipe's shape (`small`'s
-widths, T 256, B 64, bf16, engram off, dropout 0.2: configs/tinyshakespeare.toml) trains and evaluates
+"""On CUDA with fla: every fla kernel reads the committed pin, and the recipe's shape (`small`'s
+widths, T 256, B 64, bf16, engram off: configs/tinyshakespeare.toml; its dropout chooses no kernel) trains and evaluates
 with no kernel chosen by timing. Session 6's runs of one config gave three different numbers while five
 layer-norm choices per process were timed (docs/known-issues.md); this is what must not come back.
 Skipped without CUDA or fla."""
