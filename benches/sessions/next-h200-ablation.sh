@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The quality issue's ablation table (session 11 ran it: 2026-12-03-s11-call{1,2}.sh), three seeds per row, every row
-# against one baseline (the candidate recipe, configs/tinyshakespeare.toml, at STEPS steps) on the
-# validation slice. In each call the first row trains the baseline and the others reuse it (--reuse-a:
-# /tmp does not outlive a call, so each call trains its own). Split the rows over calls with ROWS:
-#   TEST=1 ROWS="moe sink01 sink03 sink003 adamw" bash benches/sessions/next-h200-ablation.sh
-#       what session 11 left, ~7 min: the graphed-step test's experts case, arm A, the experts row, the
-#       Sinkhorn lr rows, AdamW again against this call's A (one call's rows compare exactly)
-# sink*: the Sinkhorn optimizer at smaller matrix lrs (--sinkhorn-lr-scale; AdamW beat it at scale 1.0 by
-# 0.175 in session 11; on the CPU, nano, scale 0.1 beat AdamW). The experts row runs graphed with
-# --experts-dense (every expert on every byte, weighted by the routing: the sparse dispatch's function,
-# tested on the CPU; the sparse one is refused under --cuda-graph and ran at 244 ms/step eager in session
-# 11); TEST=1 first runs the graphed-step GPU test's experts-dense case.
+# The quality issue's ablation table, three seeds per row, every row against one baseline (the recipe,
+# configs/tinyshakespeare.toml, at STEPS steps) on the validation slice. Sessions 11 and 12 ran it
+# (2026-12-03-s11-call{1,2}.sh, 2026-12-03-s12-call1.sh) against the recipe of then: the Sinkhorn
+# optimizer, dropout 0.2, weight decay 0.5; the recipe is now AdamW (session 12), so a new table's
+# optimizer rows put the default optimizer back in B (sinkhorn, sink01, ...). In each call the first row
+# trains the baseline and the others reuse it (--reuse-a: /tmp does not outlive a call, so each call
+# trains its own). Split the rows over calls with ROWS, e.g.
+#   ROWS="engram attention depth1 depth3" bash benches/sessions/next-h200-ablation.sh
+#   ROWS="attnres dspark jepa moe sinkhorn sink01" bash benches/sessions/next-h200-ablation.sh
+# The experts row runs graphed with --experts-dense (every expert on every byte, weighted by the
+# routing: the sparse dispatch's function; the sparse one is refused under --cuda-graph); TEST=1 first
+# runs the graphed-step GPU test's experts-dense case (passed in session 12).
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
 # Then the table: python -m dormouse.tools.ab_table "LABEL=ab.json" ...
 V=.gpu-data/ts-val
@@ -18,9 +18,10 @@ STEPS=${STEPS:-500}
 AB="python3 -m dormouse ab --config configs/tinyshakespeare.toml --data $V --steps $STEPS --eval-every $STEPS --seeds 3 --record"
 declare -A B=(
   [engram]="--engram" [attention]="--no-kda" [depth1]="--depth 1" [depth3]="--depth 3"
-  [attnres]="--attn-res" [dspark]="--dspark-weight 0.1" [jepa]="--jepa-weight 0.1" [adamw]="--opt adamw"
-  [attnadamw]="--no-kda --opt adamw" [moe]="--n-experts 4 --experts-dense"
-  [sink03]="--sinkhorn-lr-scale 0.3" [sink01]="--sinkhorn-lr-scale 0.1" [sink003]="--sinkhorn-lr-scale 0.03"
+  [attnres]="--attn-res" [dspark]="--dspark-weight 0.1" [jepa]="--jepa-weight 0.1" [sinkhorn]="--opt default"
+  [attnsinkhorn]="--no-kda --opt default" [moe]="--n-experts 4 --experts-dense"
+  [sink03]="--opt default --sinkhorn-lr-scale 0.3" [sink01]="--opt default --sinkhorn-lr-scale 0.1"
+  [sink003]="--opt default --sinkhorn-lr-scale 0.03"
 )
 SHOW="grep -a -E '^(overall|ms/step|verdict)'"
 # BASE=FILE (an earlier call's ab.json as collected, e.g. benches/logs/<session>/abl-engram.json): every

@@ -7,8 +7,8 @@
 # lines' wall_s count from dormouse's import), with the Triton cache carried (a warm machine) or, with
 # COLD=1, from an empty Triton cache (every kernel compiled in the run: nanoGPT's 149 s included its own
 # 28 s of compilation). Carry .whl, .gpu-data, .device-commit, .triton-cache. Commit the log,
-# metrics.jsonl and curves.png under benches/logs/<session>/recipe.* (session 10's run:
-# benches/sessions/2026-12-03-s10-call3.sh).
+# metrics.jsonl and curves.png under benches/logs/<session>/recipe.* (the runs of sessions 10 and 12:
+# benches/sessions/2026-12-03-s10-call3.sh, 2026-12-03-s12-call3.sh).
 D=.gpu-data/tinyshakespeare
 cache=${COLD:+TRITON_CACHE_DIR=/tmp/empty-triton-cache }
 exec bash benches/gpu_session.sh \
