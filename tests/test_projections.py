@@ -43,3 +43,13 @@ def test_under_autocast_the_input_is_cast_once_forward_and_its_gradient_once_bac
         sum(o.float().sum() for o in outs).backward()
     casts_of_x = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes[0] == [2, 8, 16]]
     assert len(casts_of_x) == 2  # x to bf16 and its gradient back to fp32 (as six Linears: 12, measured)
+
+
+def test_without_autograd_each_linear_runs_alone_and_no_weight_is_copied():
+    lins = linears((16, 4, 1))
+    x = torch.randn(3, 5, 16, dtype=torch.float64, generator=rng.generator(0, 1, "test"))
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        outs = project(x, lins)
+    for out, lin in zip(outs, lins, strict=True):
+        assert torch.equal(out, x @ lin.weight.T)
+    assert not [e for e in prof.events() if e.name == "aten::cat"]
