@@ -27,7 +27,8 @@ for cmd in "$@"; do
   left=$((deadline - SECONDS))
   if ((left < 5)); then echo "== skipped (deadline): $cmd"; status=124; continue; fi
   echo "== [$SECONDS s, $left s left] $cmd"
-  timeout "$left" bash -c "$cmd" || status=$?
+  # LEFT_S: what is left for this command, for one that must stop itself in time to keep its results
+  LEFT_S=$left timeout "$left" bash -c "$cmd" || status=$?
 done
 echo "== [$SECONDS s] packing"
 # The device tool returns at most 8 files: everything goes back as one results.tgz (the bench rows and

@@ -476,7 +476,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--a", required=True, metavar="FLAGS", help='arm A: config flags as one string ("" = the shared config)'
     )
-    p.add_argument("--b", required=True, metavar="FLAGS", help='arm B: config flags as one string, e.g. "--lr 0.01"')
+    p.add_argument(
+        "--b",
+        required=True,
+        action="append",
+        metavar="FLAGS",
+        help='arm B: config flags as one string, e.g. "--lr 0.01"; given N times, N comparisons against one arm A '
+        "in one process, into OUT/b1 ... OUT/bN (b2 on reuse b1's arm A, as --reuse-a does; needs --steps)",
+    )
     p.add_argument(
         "--seeds",
         type=int,

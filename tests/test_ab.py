@@ -412,3 +412,31 @@ def test_merge_refuses_a_comparison_without_a_code_fingerprint(corpus_dir, tmp_p
     old.write_text(json.dumps({k: v for k, v in json.loads(old.read_text()).items() if k != "code"}))
     assert ab_merge.main([str(old), str(tmp_path / "s1" / "ab.json"), "--out", str(tmp_path / "m")]) == 2
     assert "has no code fingerprint" in capsys.readouterr().err
+
+
+def test_several_b_are_comparisons_against_one_arm_a_in_one_process(corpus_dir, tmp_path, capsys):
+    base = ("--a", "", "--seeds", "2", "--steps", "4", "--data", str(corpus_dir), *TINY)
+    argv = ["ab", *base, "--b", "--lr 0.01", "--b", "--no-short-conv", "--out", str(tmp_path / "rows")]
+    argv += ["--history", str(tmp_path / "no-history.tsv")]
+    assert main(argv) == 0
+    one, two = (json.loads((tmp_path / "rows" / b / "ab.json").read_text()) for b in ("b1", "b2"))
+    assert one["reused_a"] is None and two["reused_a"].endswith("rows/b1/ab.json")
+    assert two["runs"]["a"] == one["runs"]["a"] and two["order"] == ["b/0", "b/1"]
+    assert (one["arms"]["b"]["flags"], two["arms"]["b"]["flags"]) == ("--lr 0.01", "--no-short-conv")
+    # each row is the comparison it would be alone, bit for bit
+    alone = run_ab(corpus_dir, tmp_path, "alone", "--a", "", "--b", "--no-short-conv", "--seeds", "2", "--steps", "4")
+    assert [r["bpb"] for r in alone["runs"]["b"]] == [r["bpb"] for r in two["runs"]["b"]]
+    assert [r["bpb"] for r in alone["runs"]["a"]] == [r["bpb"] for r in two["runs"]["a"]]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--b", "--lr 0.01", "--b", ""], "resolve to the same config"),
+        (["--b", "--lr 0.01", "--b", "--lr 0.02", "--minutes", "1"], "several --b need --steps"),
+    ],
+)
+def test_several_b_are_all_checked_before_anything_trains(extra, message, tmp_path, capsys):
+    argv = ["ab", "--a", "", *extra, "--out", str(tmp_path / "rows"), *TINY]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "rows").exists()

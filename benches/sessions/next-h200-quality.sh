@@ -7,9 +7,9 @@
 #   LENGTHS="1250"            `dormouse train` runs of the config at those schedule lengths (each its own
 #                             cosine; `ab` holds steps equal, so lengths are runs, not A/Bs)
 #   ROWS="floor5 drop4 ..."   A/Bs at STEPS (default: the config's 1000) steps, every B against one arm A
-#                             (the config; its seed 0 must read 2.0215, rw-1000 of session 12); the first
-#                             row trains A, the others reuse it (/tmp does not outlive a call; BASE=FILE
-#                             reuses an earlier call's collected ab.json instead)
+#                             (the config; its seed 0 must read 2.0215, rw-1000 of session 12), all in
+#                             one `dormouse ab` (a --b per row: the first trains A, the others reuse it;
+#                             BASE=FILE reuses an earlier call's collected ab.json instead)
 # ~29 ms/step: a 1000-step run is ~40 s with its start-up and evals, so a call holds arm A and ~10 Bs.
 #   ROWS="floor5 drop4 wd2 noise10 d384 lr2e3 ema995" bash benches/sessions/next-h200-quality.sh
 #   SEEDS=3 ROWS="<the winners>" bash benches/sessions/next-h200-quality.sh
@@ -25,16 +25,23 @@ declare -A B=(
   [droppath]="--drop-path 0.1" [unigram]="--byte-noise-source unigram" [attn]="--no-kda"
   [ema995]="--ema-decay 0.995" [noema]="--ema-decay 0"
 )
-cmds=() base=""
+cmds=()
 for n in ${LENGTHS:-}; do
   cmds+=("python3 -m dormouse train $C --steps $n --out /tmp/len-$n > \$OUT/len-$n.log 2>&1; cp /tmp/len-$n/metrics.jsonl \$OUT/len-$n.metrics.jsonl; tr '\\r' '\\n' < \$OUT/len-$n.log | grep -a -E '^eval' | cut -c1-40")
 done
-[[ -n "${BASE:-}" ]] && base=given
-for row in ${ROWS:-}; do
-  if [[ $base == given ]]; then reuse="--reuse-a $BASE"; else reuse=${base:+--reuse-a /tmp/r-$base}; fi
-  keep="cp /tmp/r-$row/ab.json \$OUT/r-$row.json; for a in a b; do cp /tmp/r-$row/\$a/seed-0/metrics.jsonl \$OUT/r-$row.\$a.metrics.jsonl 2>/dev/null; done"
-  cmds+=("python3 -m dormouse ab $C --steps $STEPS --seeds ${SEEDS:-1} --a '' --b '${B[$row]}' $reuse --out /tmp/r-$row > \$OUT/r-$row.log 2>&1; $keep; grep -a -E '^(overall|ms/step|seed)' \$OUT/r-$row.log | cut -c1-160")
-  base=${base:-$row}
-done
+# The rows are one `dormouse ab` with a --b per row (one process: its start-up once), into /tmp/rows/b<i>;
+# it stops itself 30 s before the call's deadline (LEFT_S, from gpu_session.sh) so that the rows it
+# finished are copied back as r-<row>.json (+ arm metrics).
+if [[ -n "${ROWS:-}" ]]; then
+  bs="" keep="" i=0
+  for row in $ROWS; do
+    i=$((i + 1))
+    bs+=" --b '${B[$row]}'"
+    keep+="cp /tmp/rows/b$i/ab.json \$OUT/r-$row.json 2>/dev/null; cp /tmp/rows/b$i/b/seed-0/metrics.jsonl \$OUT/r-$row.b.metrics.jsonl 2>/dev/null; "
+  done
+  keep+="cp /tmp/rows/b1/a/seed-0/metrics.jsonl \$OUT/r-a.metrics.jsonl 2>/dev/null"
+  reuse=${BASE:+--reuse-a $BASE}
+  cmds+=("timeout \$((LEFT_S - 30)) python3 -m dormouse ab $C --steps $STEPS --seeds ${SEEDS:-1} --a ''$bs $reuse --out /tmp/rows > \$OUT/rows.log 2>&1; $keep; grep -a -E '^(ab: comparison|overall|ms/step)' \$OUT/rows.log | cut -c1-160")
+fi
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh "${cmds[@]}"

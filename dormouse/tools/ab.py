@@ -27,6 +27,8 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
   pin, so a commit of logs in between does not matter), corpus, device, steps and resolved config, a run
   for every seed (an ablation table's rows share one baseline). Only arm B trains; its runs no longer
   alternate with A's, so A's timing comes from that comparison's machine state.
+- `--b` given N times: N comparisons in one process (one start-up, not N), into OUT/b1 ... OUT/bN;
+  b1 trains arm A (unless --reuse-a), b2 on reuse it as `--reuse-a OUT/b1` would.
 """
 
 import argparse
@@ -452,14 +454,31 @@ def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
 
 
 def cli(args: argparse.Namespace) -> int:
-    """`dormouse ab`: see the module docstring and docs/ab-protocol.md."""
+    """`dormouse ab`: see the module docstring and docs/ab-protocol.md. Several `--b`: one comparison each
+    against one arm A, in one process, into OUT/b1 ... OUT/bN; b2 on reuse b1's arm A (or --reuse-a's)."""
+    out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
+    if len(args.b) == 1:
+        return compare(argparse.Namespace(**{**vars(args), "b": args.b[0], "out": out}))
+    rows = [argparse.Namespace(**{**vars(args), "b": b, "out": out / f"b{i}"}) for i, b in enumerate(args.b, 1)]
+    cfgs = [arm_configs(row) for row in rows]  # every arm refused now, not after hours of the rows before it
+    if cfgs[0]["a"].train.minutes:
+        raise ConfigError("several --b need --steps: their comparisons share arm A's runs, of a fixed number of steps")
+    for i, row in enumerate(rows):
+        row.reuse_a = args.reuse_a if i == 0 else args.reuse_a or str(rows[0].out)
+        print(f"ab: comparison b{i + 1} of {len(rows)}, arm B: {row.b}")
+        compare(row)
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """One comparison of arm A (`args.a`) and arm B (`args.b`, one string) into the new folder `args.out`."""
     from dormouse.plots import plot_ab
     from dormouse.runs import open_corpus
 
     cfgs = arm_configs(args)
-    out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
+    out = args.out
     history = Path(args.history) if args.history else repo_root() / "benches" / "history.tsv"
     if args.record:
         history_header(history)  # a header the rows cannot go under is refused now, not after the runs
