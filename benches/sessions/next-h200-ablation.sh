@@ -3,9 +3,9 @@
 # configs/tinyshakespeare.toml, at STEPS steps) on the validation slice. Sessions 11 and 12 ran it
 # (2026-12-03-s11-call{1,2}.sh, 2026-12-03-s12-call1.sh) against the recipe of then: the Sinkhorn
 # optimizer, dropout 0.2, weight decay 0.5; the recipe is now AdamW (session 12), so a new table's
-# optimizer rows put the default optimizer back in B (sinkhorn, sink01, ...). In each call the first row
-# trains the baseline and the others reuse it (--reuse-a: /tmp does not outlive a call, so each call
-# trains its own). Split the rows over calls with ROWS, e.g.
+# optimizer rows put the default optimizer back in B (sinkhorn, sink01, ...). Each call's rows are one
+# `dormouse ab` (a --b per row: benches/sessions/ab-rows.sh), whose first row trains the baseline and the
+# others reuse it. Split the rows over calls with ROWS, e.g.
 #   ROWS="engram attention depth1 depth3" bash benches/sessions/next-h200-ablation.sh
 #   ROWS="attnres dspark jepa moe sinkhorn sink01" bash benches/sessions/next-h200-ablation.sh
 # The experts row runs graphed with --experts-dense (every expert on every byte, weighted by the
@@ -23,18 +23,13 @@ declare -A B=(
   [sink03]="--opt default --sinkhorn-lr-scale 0.3" [sink01]="--opt default --sinkhorn-lr-scale 0.1"
   [sink003]="--opt default --sinkhorn-lr-scale 0.03"
 )
-SHOW="grep -a -E '^(overall|ms/step|verdict)'"
 # BASE=FILE (an earlier call's ab.json as collected, e.g. benches/logs/<session>/abl-engram.json): every
 # row reuses that call's arm A (refused if the code fingerprint changed since).
-cmds=() base=""
+cmds=()
 if [[ -n "${TEST:-}" ]]; then
   cmds+=("python3 -m pytest -v tests/gpu/test_graphed_step.py -k 'experts' > \$OUT/test-graphed.log 2>&1; grep -a -E 'PASS|FAIL|passed|failed|^E ' \$OUT/test-graphed.log | cut -c1-160 | tail -8")
 fi
-[[ -n "${BASE:-}" ]] && base=given
-for row in ${ROWS:-moe}; do
-  if [[ $base == given ]]; then reuse="--reuse-a $BASE"; else reuse=${base:+--reuse-a /tmp/abl-$base}; fi
-  cmds+=("$AB --a '' --b '${B[$row]}' $reuse --out /tmp/abl-$row > \$OUT/abl-$row.log 2>&1; cp /tmp/abl-$row/ab.json \$OUT/abl-$row.json; $SHOW \$OUT/abl-$row.log")
-  base=${base:-$row}
-done
+source benches/sessions/ab-rows.sh
+ab_rows_cmd "$AB ${BASE:+--reuse-a $BASE}" abl- "${ROWS:-moe}"
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh "${cmds[@]}"

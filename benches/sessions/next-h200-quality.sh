@@ -29,19 +29,7 @@ cmds=()
 for n in ${LENGTHS:-}; do
   cmds+=("python3 -m dormouse train $C --steps $n --out /tmp/len-$n > \$OUT/len-$n.log 2>&1; cp /tmp/len-$n/metrics.jsonl \$OUT/len-$n.metrics.jsonl; tr '\\r' '\\n' < \$OUT/len-$n.log | grep -a -E '^eval' | cut -c1-40")
 done
-# The rows are one `dormouse ab` with a --b per row (one process: its start-up once), into /tmp/rows/b<i>;
-# it stops itself 30 s before the call's deadline (LEFT_S, from gpu_session.sh) so that the rows it
-# finished are copied back as r-<row>.json (+ arm metrics).
-if [[ -n "${ROWS:-}" ]]; then
-  bs="" keep="" i=0
-  for row in $ROWS; do
-    i=$((i + 1))
-    bs+=" --b '${B[$row]}'"
-    keep+="cp /tmp/rows/b$i/ab.json \$OUT/r-$row.json 2>/dev/null; cp /tmp/rows/b$i/b/seed-0/metrics.jsonl \$OUT/r-$row.b.metrics.jsonl 2>/dev/null; "
-  done
-  keep+="cp /tmp/rows/b1/a/seed-0/metrics.jsonl \$OUT/r-a.metrics.jsonl 2>/dev/null"
-  reuse=${BASE:+--reuse-a $BASE}
-  cmds+=("timeout \$((LEFT_S - 30)) python3 -m dormouse ab $C --steps $STEPS --seeds ${SEEDS:-1} --a ''$bs $reuse --out /tmp/rows > \$OUT/rows.log 2>&1; $keep; grep -a -E '^(ab: comparison|overall|ms/step)' \$OUT/rows.log | cut -c1-160")
-fi
+source benches/sessions/ab-rows.sh
+[[ -n "${ROWS:-}" ]] && ab_rows_cmd "python3 -m dormouse ab $C --steps $STEPS --seeds ${SEEDS:-1} ${BASE:+--reuse-a $BASE}" r- "$ROWS"
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh "${cmds[@]}"
