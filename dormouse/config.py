@@ -148,6 +148,14 @@ class ModelConfig:
         hi=1.0,
         hi_open=True,
     )
+    engram_dropout: float = _f(
+        0.0,
+        "dropout probability on each engram memory's output before it joins the residual stream (dropout "
+        "does not reach it), training only, masks from the (seed, step) dropout stream; 0 = off",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+    )
 
 
 @dataclass
@@ -451,6 +459,11 @@ def _check_attention_layers(m: ModelConfig) -> None:
 
 def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:
     """--engram-shard partitions the tables over DDP's ranks; without tables, or under FSDP, it is refused."""
+    if m.engram_dropout and not m.engram:
+        raise ConfigError(
+            f"engram_dropout {m.engram_dropout} with engram off (--engram-dropout with --no-engram): "
+            "there is no memory output to drop"
+        )
     if t.engram_shard and not m.engram:
         raise ConfigError(
             "engram_shard with engram off (--engram-shard with --no-engram): there are no tables to shard"

@@ -379,6 +379,31 @@ def test_drop_path_is_off_in_eval_and_needs_a_generator_in_training():
         assert torch.equal(model.eval()(x, y).logits, plain.eval()(x, y).logits)
 
 
+def test_engram_dropout_masks_each_memory_output_from_the_stream_and_is_off_in_eval():
+    # reference: the same weights without the field, each memory's output masked by a forward hook with
+    # the mask the stream's first draw gives (dropout 0: the memory's is the forward's only draw)
+    p, x, y = 0.5, ids(2, 24), ids(2, 24, step=1)
+    model, plain = DormouseLM(tiny(engram_dropout=p)), DormouseLM(tiny())
+    plain.load_state_dict(model.state_dict())
+    assert model.memories() and [j for j, _ in model.memories()] == [0]
+    gen = step_generator(0, 3)
+
+    def masked(_module, _inputs, output):
+        delta, *rest = output
+        keep = torch.rand(delta.shape, generator=gen, dtype=torch.float32) >= p
+        return (delta * keep / (1 - p), *rest)
+
+    hook = plain.engram["0"].register_forward_hook(masked)
+    got, ref = model(x, y, dropout_gen=step_generator(0, 3)), plain(x, y)
+    hook.remove()
+    assert torch.equal(got.logits, ref.logits) and torch.equal(got.loss, ref.loss)
+    assert not torch.equal(got.logits, plain(x, y).logits)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x, y).logits, plain.eval()(x, y).logits)
+    with pytest.raises(config.ConfigError, match="engram_dropout 0.5 with engram off"):
+        tiny(engram=False, engram_dropout=p)
+
+
 def test_dropout_is_refused_outside_zero_to_one():
     for p in (1.0, -0.1):
         with pytest.raises(config.ConfigError, match=r"dropout .* out of range; allowed \[0.0, 1.0\)"):

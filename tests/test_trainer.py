@@ -401,7 +401,7 @@ def test_a_rand_depth_step_is_the_fixed_depth_model_at_the_sampled_depth(corpus,
     assert trainer.depths == []
 
 
-@pytest.mark.parametrize("masks", [{"dropout": 0.1}, {"drop_path": 0.3}])
+@pytest.mark.parametrize("masks", [{"dropout": 0.1}, {"drop_path": 0.3}, {"engram_dropout": 0.3}])
 def test_dropout_runs_are_bitwise_repeatable_and_resume_exactly(masks, corpus, tmp_path):
     """Dropout's and stochastic depth's masks are a pure function of (seed, step): two runs agree, and a
     resumed run draws the masks the uninterrupted one drew."""

@@ -11,7 +11,7 @@
 #                             one `dormouse ab` (a --b per row: the first trains A, the others reuse it;
 #                             BASE=FILE reuses an earlier call's collected ab.json instead)
 # ~29 ms/step: a 1000-step run is ~40 s with its start-up and evals, so a call holds arm A and ~10 Bs.
-#   ROWS="floor5 drop4 wd2 noise10 d384 lr2e3 ema995" bash benches/sessions/next-h200-quality.sh
+#   ROWS="floor5 drop4 wd2 noise10 d384 ema995 engram engdrop" bash benches/sessions/next-h200-quality.sh
 #   SEEDS=3 ROWS="<the winners>" bash benches/sessions/next-h200-quality.sh
 # Then the winners go into configs/tinyshakespeare.toml and next-h200-recipe.sh reads the held-out tail.
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
@@ -23,7 +23,8 @@ declare -A B=(
   [noise10]="--byte-noise 0.1" [nonoise]="--byte-noise 0" [d384]="--d-model 384 --n-heads 6 --ffn-hidden 1152"
   [lr2e3]="--lr 2e-3" [lr1e3]="--lr 1e-3" [t1024]="--seq-len 1024 --batch-size 16" [engram]="--engram"
   [droppath]="--drop-path 0.1" [unigram]="--byte-noise-source unigram" [attn]="--no-kda"
-  [ema995]="--ema-decay 0.995" [noema]="--ema-decay 0"
+  [ema995]="--ema-decay 0.995" [noema]="--ema-decay 0" [engdrop]="--engram --engram-dropout 0.3"
+  [engdrop5]="--engram --engram-dropout 0.5"
 )
 cmds=()
 for n in ${LENGTHS:-}; do

@@ -1,7 +1,9 @@
 """Dropout whose masks come from the (seed, step, "dropout") stream, never torch's global RNG.
 
 nanoGPT's places, which model.py applies: the embedded input (memory slots included) and each residual
-branch's output, the mixer's and the FFN's, before it is added, in every loop iteration. Inverted: a kept
+branch's output, the mixer's and the FFN's, before it is added, in every loop iteration. The engram
+memories' outputs have a probability of their own (`engram_dropout`): the tables memorise the training
+split (docs/results.md), which the branches' dropout does not reach. Inverted: a kept
 entry is scaled by 1 / (1 − p), so eval mode, which never drops, needs no rescale. F.dropout and
 nn.Dropout draw from the global RNG, so they are not used.
 
@@ -24,7 +26,7 @@ RANK_STRIDE = 2**40  # rank r of a data-parallel run draws from step + r · 2^40
 def draws_masks(m) -> bool:
     """Whether a training forward of ModelConfig `m` draws masks (dropout or stochastic depth): it needs a
     dropout generator then."""
-    return m.dropout > 0 or m.drop_path > 0
+    return m.dropout > 0 or m.drop_path > 0 or (m.engram and m.engram_dropout > 0)
 
 
 def step_seed(seed: int, step: int, rank: int = 0) -> int:

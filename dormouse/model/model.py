@@ -186,10 +186,22 @@ class DormouseLM(nn.Module):
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
 
     def _trunk(
-        self, e, caches, plan: LoopPlan, *, keys=None, conv=None, slots=0, step=False, want_cache=False, drop=keep_all
+        self,
+        e,
+        caches,
+        plan: LoopPlan,
+        *,
+        keys=None,
+        conv=None,
+        slots=0,
+        step=False,
+        want_cache=False,
+        drop=keep_all,
+        engram_drop=keep_all,
     ):
         """The looped block on embedded input e, run as `plan` says; `caches` holds one entry per unrolled
-        layer, or None. `drop` is what every layer applies to its branches' outputs (model/dropout.py).
+        layer, or None. `drop` is what every layer applies to its branches' outputs, `engram_drop` what
+        each memory's output takes before it joins the stream (model/dropout.py).
 
         `keys` {insertion layer: engram keys of the byte positions} (the last positions of e, after
         `slots` memory slots); in the first iteration each memory's output joins the input of its
@@ -202,7 +214,9 @@ class DormouseLM(nn.Module):
         router_bce = []
         for r in range(plan.depth):
             with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
-                bce = self._iteration(r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop)
+                bce = self._iteration(
+                    r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop
+                )
             router_bce += [] if bce is None else [bce]
             out.iterations = r + 1
             if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
@@ -215,7 +229,7 @@ class DormouseLM(nn.Module):
             out.caches += self._advance_skipped(out.h, caches[len(out.caches) :])
         return out
 
-    def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop):
+    def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop):
         """Loop iteration r over the block's layers: updates `stream` and `out` (caches, summed layer
         terms, engram stats and tails); returns MoR's BCE term of this iteration (None when not routed)."""
         entering, gate, bce = stream.x, None, None
@@ -227,7 +241,7 @@ class DormouseLM(nn.Module):
             if keys is not None and r == 0 and j in keys:
                 delta, read, out.tails[j] = self._memory(j, stream.input(j), keys[j], (conv or {}).get(j), slots)
                 out.engram = read if out.engram is None else out.engram + read
-                stream.add(delta)
+                stream.add(engram_drop(delta))
             cache = None if caches is None else caches[r * len(self.layers) + j]
             delta, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache, drop=drop)
             stream.add(delta if gate is None else gate * delta)
@@ -302,9 +316,9 @@ class DormouseLM(nn.Module):
         sequence (no cache); `jepa` (predictor on) when `jepa_starts` [B, spans] are given
         (model/jepa.py draws them), and a forward with targets but without them is refused.
 
-        Dropout and stochastic depth (`dropout`, `drop_path` > 0, training mode only) draw their masks from
-        `dropout_gen` (model/dropout.py's `step_generator`), which such a forward must be given; eval mode
-        never drops.
+        Dropout and stochastic depth (`dropout`, `drop_path`, `engram_dropout` > 0, training mode only)
+        draw their masks from `dropout_gen` (model/dropout.py's `step_generator`), which such a forward
+        must be given; eval mode never drops.
         """
         check_byte_dtype(input_ids, "input_ids")
         plan = LoopPlan(self._depth(depth, cache is not None or return_cache), grad_iterations, not self.training)
@@ -319,7 +333,18 @@ class DormouseLM(nn.Module):
         keys, window = self._engram_keys(input_ids, cache, return_cache)
         mixers = None if cache is None else cache.mixers
         conv = None if cache is None or cache.engram is None else cache.engram.conv
-        trunk = self._trunk(e, mixers, plan, keys=keys, conv=conv, slots=slots, want_cache=return_cache, drop=branch)
+        engram_drop = dropout_of(self.cfg.engram_dropout, self.training, dropout_gen)
+        trunk = self._trunk(
+            e,
+            mixers,
+            plan,
+            keys=keys,
+            conv=conv,
+            slots=slots,
+            want_cache=return_cache,
+            drop=branch,
+            engram_drop=engram_drop,
+        )
         hidden = trunk.h[:, slots:]
         logits = self._head(hidden)
         out = Output(logits=logits, aux=trunk.aux, engram=trunk.engram)
