@@ -11,7 +11,8 @@
 #                             one `dormouse ab` (a --b per row: the first trains A, the others reuse it;
 #                             BASE=FILE reuses an earlier call's collected ab.json instead)
 # ~29 ms/step: a 1000-step run is ~40 s with its start-up and evals, so a call holds arm A and ~10 Bs.
-#   ROWS="floor5 drop4 wd2 noise10 d384 ema995 engram engdrop" bash benches/sessions/next-h200-quality.sh
+#   ROWS="floor5 drop4 wd2 noise10 ema995 engram engdrop d384" bash benches/sessions/next-h200-quality.sh
+#       (d384 last: 6 heads are new shapes for fla's kernels, whose choices may autotune for minutes)
 #   SEEDS=3 ROWS="<the winners>" bash benches/sessions/next-h200-quality.sh
 # Then the winners go into configs/tinyshakespeare.toml and next-h200-recipe.sh reads the held-out tail.
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
