@@ -423,6 +423,8 @@ def test_several_b_are_comparisons_against_one_arm_a_in_one_process(corpus_dir, 
     assert one["reused_a"] is None and two["reused_a"].endswith("rows/b1/ab.json")
     assert two["runs"]["a"] == one["runs"]["a"] and two["order"] == ["b/0", "b/1"]
     assert (one["arms"]["b"]["flags"], two["arms"]["b"]["flags"]) == ("--lr 0.01", "--no-short-conv")
+    rows = (tmp_path / "rows" / "table.md").read_text().splitlines()[2:]
+    assert [r.split(" | ")[:2] for r in rows] == [["| b1", "`--lr 0.01`"], ["| b2", "`--no-short-conv`"]]
     # each row is the comparison it would be alone, bit for bit
     alone = run_ab(corpus_dir, tmp_path, "alone", "--a", "", "--b", "--no-short-conv", "--seeds", "2", "--steps", "4")
     assert [r["bpb"] for r in alone["runs"]["b"]] == [r["bpb"] for r in two["runs"]["b"]]

@@ -14,6 +14,6 @@ ab_rows_cmd() {
     keep+="cp /tmp/rows/b$i/ab.json \$OUT/$2$row.json 2>/dev/null; "
     keep+="cp /tmp/rows/b$i/b/seed-0/metrics.jsonl \$OUT/$2$row.b.metrics.jsonl 2>/dev/null; "
   done
-  keep+="cp /tmp/rows/b1/a/seed-0/metrics.jsonl \$OUT/${2}a.metrics.jsonl 2>/dev/null"
-  cmds+=("timeout \$((LEFT_S - 30)) $1 --a ''$bs --out /tmp/rows > \$OUT/${2}rows.log 2>&1; $keep; grep -a -E '^(ab: comparison|overall|ms/step|verdict)' \$OUT/${2}rows.log | cut -c1-160")
+  keep+="cp /tmp/rows/b1/a/seed-0/metrics.jsonl \$OUT/${2}a.metrics.jsonl 2>/dev/null; cp /tmp/rows/table.md \$OUT/${2}table.md 2>/dev/null"
+  cmds+=("timeout \$((LEFT_S - 30)) $1 --a ''$bs --out /tmp/rows > \$OUT/${2}rows.log 2>&1; $keep; grep -a -E '^(ab: comparison|overall|ms/step|verdict)' \$OUT/${2}rows.log | cut -c1-160; cat \$OUT/${2}table.md 2>/dev/null")
 }

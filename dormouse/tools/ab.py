@@ -52,6 +52,7 @@ from dormouse.errors import ConfigError
 from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
 from dormouse.tools.ab_stats import paired_difference
+from dormouse.tools.ab_table import table
 from dormouse.tools.bench import (
     _cell,
     _shown_path,
@@ -455,7 +456,8 @@ def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
 
 def cli(args: argparse.Namespace) -> int:
     """`dormouse ab`: see the module docstring and docs/ab-protocol.md. Several `--b`: one comparison each
-    against one arm A, in one process, into OUT/b1 ... OUT/bN; b2 on reuse b1's arm A (or --reuse-a's)."""
+    against one arm A, in one process, into OUT/b1 ... OUT/bN; b2 on reuse b1's arm A (or --reuse-a's);
+    then their rows as ab_table's table, printed and in OUT/table.md."""
     out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
@@ -469,6 +471,9 @@ def cli(args: argparse.Namespace) -> int:
         row.reuse_a = args.reuse_a if i == 0 else args.reuse_a or str(rows[0].out)
         print(f"ab: comparison b{i + 1} of {len(rows)}, arm B: {row.b}")
         compare(row)
+    done = table([(row.out.name, json.loads((row.out / "ab.json").read_text())) for row in rows])
+    (out / "table.md").write_text(done + "\n")
+    print(done)
     return 0
 
 
