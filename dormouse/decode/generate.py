@@ -79,12 +79,16 @@ class Decoder:
             self.cache = model(ids[:, :-1], cache=self.cache, return_cache=True).cache
         self.last = ids[:, -1]
 
+    def _step(self) -> tuple[torch.Tensor, object]:
+        """The logits after `last` and the cache after it (GraphedDecoder replays this from a CUDA graph)."""
+        return self.model.step(self.last, self.cache, **self.exit)
+
     @torch.no_grad()
     def extend(self, n: int) -> tuple[bytes, list[int]]:
         """n more bytes and the loop iterations each one's logits took."""
         produced, iterations = [], []
         for _ in range(n):
-            logits, self.cache = self.model.step(self.last, self.cache, **self.exit)
+            logits, self.cache = self._step()
             iterations.append(self.cache.iterations)
             # The byte at sequence position p is drawn from the stream of p, however the decode was split.
             self.last = sample(
@@ -105,15 +109,22 @@ def generate(
     max_iter=None,
     exit_threshold=1.0,
     speculative=False,
+    cuda_graph=False,
 ):
     """Continue `prompt` by `max_bytes` bytes; `max_iter` (default: the depth) and `exit_threshold` as in
-    model.step; `speculative` drafts with the DSpark head and verifies (decode/speculative.py)."""
-    from dormouse.decode.speculative import SpeculativeDecoder  # it builds on Decoder, above
+    model.step; `speculative` drafts with the DSpark head and verifies (decode/speculative.py);
+    `cuda_graph` replays each step from a CUDA graph (decode/graphed.py)."""
+    from dormouse.decode.graphed import GraphedDecoder  # they build on Decoder, above
+    from dormouse.decode.speculative import SpeculativeDecoder
 
     if max_bytes < 1:
         raise DormouseError(f"max_bytes must be >= 1, got {max_bytes}")
+    if speculative and cuda_graph:
+        raise DormouseError(
+            "--speculative and --cuda-graph: the speculative decoder's verify forwards are not captured"
+        )
     started = time.perf_counter()
-    decoder = (SpeculativeDecoder if speculative else Decoder)(
+    decoder = (SpeculativeDecoder if speculative else GraphedDecoder if cuda_graph else Decoder)(
         model,
         prompt,
         temperature=temperature,

@@ -1,0 +1,62 @@
+"""decode/graphed.py on the CPU: the cache's tensors out and back in (the capture's static buffers) and
+every refusal. Replaying the captured step needs CUDA: tests/gpu/test_graphed_decode.py."""
+
+import pytest
+import torch
+from test_generate import tiny_model
+from untrained_run import save_untrained_run
+
+from dormouse.cli import main
+from dormouse.decode.generate import Decoder, generate
+from dormouse.decode.graphed import GraphedDecoder, cache_tensors, check_capturable, with_tensors
+from dormouse.errors import DormouseError
+
+
+def test_a_cache_rebuilt_from_copies_of_its_tensors_steps_exactly_as_the_cache():
+    model = tiny_model(engram_layers="0,1", n_experts=2, experts_dense=True)
+    decoder = Decoder(model, b"The dormouse", temperature=0)
+    decoder.extend(3)
+    cache, byte = decoder.cache, decoder.last
+    tensors = cache_tensors(cache)
+    kinds = {type(t) for t in tensors}
+    assert kinds == {torch.Tensor} and len(tensors) == len({id(t) for t in tensors}) > 10
+    copies = [t.clone() for t in tensors]
+    rebuilt = with_tensors(cache, iter(copies))
+    assert all(a is b for a, b in zip(cache_tensors(rebuilt), copies, strict=True))
+    assert (rebuilt.position, rebuilt.iterations) == (cache.position, cache.iterations)
+    with torch.no_grad():
+        want, after = model.step(byte, cache)
+        got, after_rebuilt = model.step(byte, rebuilt)
+    assert torch.equal(got, want)
+    for a, b in zip(cache_tensors(after_rebuilt), cache_tensors(after), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "arm, exit_threshold, named",
+    [
+        ({"attention_layers": "1"}, 1.0, "attention layers"),
+        ({"n_experts": 2}, 1.0, "sparse experts"),
+        ({"mor": True}, 1.0, "MoR"),
+        ({}, 0.9, "--exit-threshold"),
+    ],
+)
+def test_what_a_captured_step_cannot_hold_is_refused_by_name(arm, exit_threshold, named):
+    with pytest.raises(DormouseError, match=f"--cuda-graph decoding cannot capture .*{named}"):
+        check_capturable(tiny_model(**arm), exit_threshold)
+    check_capturable(tiny_model(), 1.0)  # the default arms are capturable
+
+
+def test_graphed_decoding_is_refused_off_cuda_and_with_speculative():
+    model = tiny_model()
+    with pytest.raises(DormouseError, match="--cuda-graph decodes on CUDA; this model is on cpu"):
+        GraphedDecoder(model, b"ab", temperature=0)
+    with pytest.raises(DormouseError, match="--speculative and --cuda-graph"):
+        generate(model, b"ab", max_bytes=2, speculative=True, cuda_graph=True)
+
+
+def test_cli_generate_cuda_graph_on_the_cpu_is_refused(tmp_path, capsys):
+    save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
+    argv = ["generate", str(tmp_path), "--ckpt", "last", "--prompt", "ab", "--device", "cpu", "--cuda-graph"]
+    assert main(argv) == 2
+    assert "--cuda-graph decodes on CUDA; this model is on cpu" in capsys.readouterr().err
