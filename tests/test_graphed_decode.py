@@ -1,5 +1,6 @@
-"""decode/graphed.py on the CPU: the cache's tensors out and back in (the capture's static buffers) and
-every refusal. Replaying the captured step needs CUDA: tests/gpu/test_graphed_decode.py."""
+"""decode/graphed.py on the CPU: the cache's tensors out and back in (the capture's static buffers), the
+decoder around a graph with the replay contract emulated, and every refusal. A real capture and replay
+need CUDA: tests/gpu/test_graphed_decode.py."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from test_generate import tiny_model
 from untrained_run import save_untrained_run
 
 from dormouse.cli import main
+from dormouse.decode import graphed
 from dormouse.decode.generate import Decoder, generate
 from dormouse.decode.graphed import GraphedDecoder, cache_tensors, check_capturable, with_tensors
 from dormouse.errors import DormouseError
@@ -60,3 +62,37 @@ def test_cli_generate_cuda_graph_on_the_cpu_is_refused(tmp_path, capsys):
     argv = ["generate", str(tmp_path), "--ckpt", "last", "--prompt", "ab", "--device", "cpu", "--cuda-graph"]
     assert main(argv) == 2
     assert "--cuda-graph decodes on CUDA; this model is on cpu" in capsys.readouterr().err
+
+
+class ReplayedOnTheCpu:
+    """A stand-in for a captured graph with a CUDA graph's contract: capturing executes nothing and returns
+    the outputs' tensors; each replay runs the step again and writes its results into those tensors."""
+
+    def __init__(self, run):
+        self.run = run
+        self.outputs = run(False)  # the tensors a capture would hand back (their values are not read)
+
+    def replay(self):
+        logits, after, _ = self.run(True)
+        self.outputs[0].copy_(logits)
+        for static, value in zip(cache_tensors(self.outputs[1]), cache_tensors(after), strict=True):
+            static.copy_(value)
+
+
+@pytest.mark.parametrize("prompt", [b"T", b"The dormouse"], ids=["one-byte", "prompt"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_decoder_around_a_graph_gives_plain_decodings_bytes(prompt, temperature, monkeypatch):
+    # What the GPU test checks end to end, here with the graph's replay contract emulated: the static
+    # buffers, the state written back after each step, the eager first byte, positions and sampling.
+    def emulated(run):
+        graph = ReplayedOnTheCpu(run)
+        return graph, graph.outputs
+
+    monkeypatch.setattr(graphed, "check_device", lambda device: None)
+    monkeypatch.setattr(graphed, "capture", emulated)
+    model = tiny_model(sharpen=1.0 if temperature else 40.0, engram_layers="0,1")
+    plain = Decoder(model, prompt, temperature=temperature, seed=5)
+    emulated_graph = GraphedDecoder(model, prompt, temperature=temperature, seed=5)
+    for n in (1, 5, 10):  # extended in parts, as a decode may be
+        assert emulated_graph.extend(n) == plain.extend(n)
+    assert emulated_graph.graph is not None and emulated_graph.cache.position == plain.cache.position

@@ -67,13 +67,33 @@ def check_capturable(model, exit_threshold: float) -> None:
         raise DormouseError("--cuda-graph decoding cannot capture " + "; ".join(reasons))
 
 
+def check_device(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise DormouseError(f"--cuda-graph decodes on CUDA; this model is on {device}")
+
+
+def capture(run):
+    """(graph, the outputs of `run(True)` as captured): `run(False)` twice on a side stream first (its
+    kernels chosen and compiled before the capture; False: the state is not written back). A capture
+    executes nothing: each `graph.replay()` runs the step and writes the same output tensors."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run(False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run(True)
+    return graph, outputs
+
+
 class GraphedDecoder(Decoder):
     """A Decoder whose steps after the first replay one CUDA graph of `model.step`."""
 
     def __init__(self, model, prompt: bytes, **options):
         super().__init__(model, prompt, **options)
-        if self.last.device.type != "cuda":
-            raise DormouseError(f"--cuda-graph decodes on CUDA; this model is on {self.last.device}")
+        check_device(self.last.device)
         check_capturable(model, self.exit["exit_threshold"])
         self.graph, self.stepped = None, False
 
@@ -90,25 +110,21 @@ class GraphedDecoder(Decoder):
         return self.logits, dataclasses.replace(self.state, position=position, iterations=iterations)
 
     def _capture(self) -> None:
-        """Static buffers from the current byte and cache; a warm-up on a side stream (kernels chosen and
-        compiled before capture), then the capture of one step and of the state's copy-back."""
+        """Static buffers from the current byte and cache, then the capture of one step and of the state's
+        copy-back into the buffers (refused if the state's tensors change shape)."""
         self.byte = self.last.clone()
         self.buffers = [t.clone() for t in cache_tensors(self.cache)]
         self.state = with_tensors(self.cache, iter(self.buffers))
-        step = lambda: self.model.step(self.byte, self.state, **self.exit)  # noqa: E731
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits, self.captured = step()
-            new = cache_tensors(self.captured)
+
+        def run(write_back: bool):
+            logits, after = self.model.step(self.byte, self.state, **self.exit)
+            new = cache_tensors(after)
             same = [(t.shape, t.dtype) for t in new] == [(t.shape, t.dtype) for t in self.buffers]
-            if same:
+            if write_back and same:  # no raise inside a capture: checked after it
                 for buffer, value in zip(self.buffers, new, strict=True):
                     buffer.copy_(value)
+            return logits, after, same
+
+        self.graph, (self.logits, self.captured, same) = capture(run)
         if not same:
             raise DormouseError("--cuda-graph: the decode state changes its tensors' shapes from byte to byte")
