@@ -2,6 +2,8 @@
 decoder around a graph with the replay contract emulated, and every refusal. A real capture and replay
 need CUDA: tests/gpu/test_graphed_decode.py."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from test_generate import tiny_model
@@ -96,3 +98,36 @@ def test_the_decoder_around_a_graph_gives_plain_decodings_bytes(prompt, temperat
     for n in (1, 5, 10):  # extended in parts, as a decode may be
         assert emulated_graph.extend(n) == plain.extend(n)
     assert emulated_graph.graph is not None and emulated_graph.cache.position == plain.cache.position
+
+
+@dataclass
+class PairCache:
+    pair: list
+    position: int
+    iterations: int = 1
+
+
+class Swapper(torch.nn.Module):
+    """A model whose step passes its two state tensors through, swapped: each is another's buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.cfg, self.weight = tiny_model().cfg, torch.nn.Parameter(torch.zeros(1))
+
+    def new_cache(self, batch_size, device):
+        return PairCache([torch.tensor([1.0]), torch.tensor([2.0])], 0)
+
+    def step(self, byte, cache, **exit):
+        first, second = cache.pair
+        return torch.zeros(1, 256), PairCache([second, first], cache.position + 1)
+
+
+def test_a_state_passed_through_into_another_buffer_is_copied_before_it_is_overwritten(monkeypatch):
+    monkeypatch.setattr(graphed, "check_device", lambda device: None)
+    monkeypatch.setattr(graphed, "capture", lambda run: (graph := ReplayedOnTheCpu(run), graph.outputs))
+    decoder = GraphedDecoder(Swapper(), b"T", temperature=0)
+    pairs = []
+    for _ in range(4):  # the first eager, the rest replayed
+        decoder.extend(1)
+        pairs.append([float(t) for t in decoder.cache.pair])
+    assert pairs == [[2.0, 1.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0]]

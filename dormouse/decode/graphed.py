@@ -121,6 +121,10 @@ class GraphedDecoder(Decoder):
             new = cache_tensors(after)
             same = [(t.shape, t.dtype) for t in new] == [(t.shape, t.dtype) for t in self.buffers]
             if write_back and same:  # no raise inside a capture: checked after it
+                # A value that is (a view of) a buffer, passed through, is copied first: the copies
+                # below overwrite the buffers one by one.
+                held = {b.untyped_storage().data_ptr() for b in self.buffers}
+                new = [v.clone() if v.untyped_storage().data_ptr() in held else v for v in new]
                 for buffer, value in zip(self.buffers, new, strict=True):
                     buffer.copy_(value)
             return logits, after, same
