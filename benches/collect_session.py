@@ -7,7 +7,8 @@ a folder where results.tgz was already extracted is taken as it is.
 
 What `benches/gpu_session.sh` packed (history.tsv, bench-logs/, fla-pin/, the commands' own files):
 - rows of its history.tsv that benches/history.tsv lacks are appended; a row whose log names an A/B's
-  device path (/tmp/<name>/ab.json) is pointed at the copy this script commits, <log dir>/<name>.json,
+  device path (/tmp/<name>/ab.json, or /tmp/<name>/b<i>/ab.json of several --b) is pointed at the copy
+  this script commits, <log dir>/<name>.json (<name>-b<i>.json),
   which must have come back (the session scripts copy /tmp/<name>/ab.json to $OUT/<name>.json); a
   recorded run's /tmp/<name>/metrics.jsonl likewise at <log dir>/<name>.metrics.jsonl;
 - bench logs the repo lacks are copied into benches/logs/;
@@ -32,10 +33,12 @@ from dormouse.tools.bench import _shown_path  # noqa: E402  (how bench and ab na
 
 ROOT = Path(__file__).resolve().parents[1]
 # A row's log on the device -> the name the session scripts copy it to under $OUT (and this script into the
-# log dir): an A/B's /tmp/<name>/ab.json -> <name>.json, a recorded run's /tmp/<name>/metrics.jsonl ->
+# log dir): an A/B's /tmp/<name>/ab.json -> <name>.json, one of several --b's /tmp/<name>/b<i>/ab.json ->
+# <name>-b<i>.json (benches/sessions/ab-rows.sh), a recorded run's /tmp/<name>/metrics.jsonl ->
 # <name>.metrics.jsonl (`dormouse train --record`).
 DEVICE_LOGS = (
     (re.compile(r"^/tmp/([\w.-]+)/ab\.json$"), "{}.json"),
+    (re.compile(r"^/tmp/([\w.-]+)/(b\d+)/ab\.json$"), "{}-{}.json"),
     (re.compile(r"^/tmp/([\w.-]+)/metrics\.jsonl$"), "{}.metrics.jsonl"),
 )
 
@@ -67,7 +70,7 @@ def new_rows(results: Path, history: Path, log_dir: Path) -> list[str]:
         for pattern, name in DEVICE_LOGS:
             match = pattern.match(cells[log_col])
             if match:
-                copy = log_dir / name.format(match[1])
+                copy = log_dir / name.format(*match.groups())
                 if not (results / copy.name).exists():
                     raise SystemExit(f"a row names {cells[log_col]}, but {copy.name} did not come back in {results}")
                 cells[log_col] = _shown_path(copy)

@@ -41,11 +41,13 @@ def places(tmp_path):
         old,
         row("/tmp/ab-w/ab.json", "ab w"),
         row("/tmp/ab-x/ab.json", "ab arm A"),
+        row("/tmp/r-rows/b2/ab.json", "ab row 2 of several --b"),
         row("benches/logs/new.log", "bench"),
         row("/tmp/recipe/metrics.jsonl", "train /tmp/recipe"),
     ]
     (results / "history.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
     (results / "ab-x.json").write_text("{}")
+    (results / "r-rows-b2.json").write_text("{}")
     (results / "recipe.metrics.jsonl").write_text('{"kind": "eval"}\n')
     (results / "ab-x.log").write_text("run x\n  5%|#  | 1/20\r 10%|## | 2/20\r      \reval step=2 bpb=2.5\n")
     (results / "bench-logs/new.log").write_text("bench")
@@ -68,6 +70,7 @@ def test_a_call_is_collected_into_the_repos_places(places, tmp_path):
         "benches/logs/old.log",
         "benches/logs/s/ab-w.json",
         str(log_dir / "ab-x.json"),
+        str(log_dir / "r-rows-b2.json"),
         "benches/logs/new.log",
         str(log_dir / "recipe.metrics.jsonl"),
     ]
@@ -76,7 +79,7 @@ def test_a_call_is_collected_into_the_repos_places(places, tmp_path):
     assert (log_dir / "ab-x.json").read_text() == "{}" and (logs / "new.log").read_text() == "bench"
     assert sorted(json.loads((pin / "k.json").read_text())["autotune_entries"]) == ["new", "old"]
     assert [p.name for p in cache.iterdir()] == ["tc.tgz.part_aa"]
-    assert "appended 3 row(s) to history.tsv" in done and "1 kernel choice(s) added to the pin" in done
+    assert "appended 4 row(s) to history.tsv" in done and "1 kernel choice(s) added to the pin" in done
 
 
 def test_a_row_whose_ab_json_did_not_come_back_is_refused_before_anything_is_written(places, tmp_path):
