@@ -372,6 +372,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"experts_top_k {m.experts_top_k} exceeds n_experts {m.n_experts}")
     if m.experts_dense and m.n_experts == 1:
         raise ConfigError("experts_dense needs n_experts > 1 (--n-experts): one expert is the plain SwiGLU")
+    if m.engram_dropout and not m.engram:
+        raise ConfigError(
+            f"engram_dropout {m.engram_dropout} with engram off (--engram-dropout with --no-engram): "
+            "there is no memory output to drop"
+        )
     if (m.persistent_memory == "disabled") != (m.memory_slots == 0):
         raise ConfigError(
             f"persistent_memory {m.persistent_memory} with memory_slots {m.memory_slots}: "
@@ -459,11 +464,6 @@ def _check_attention_layers(m: ModelConfig) -> None:
 
 def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:
     """--engram-shard partitions the tables over DDP's ranks; without tables, or under FSDP, it is refused."""
-    if m.engram_dropout and not m.engram:
-        raise ConfigError(
-            f"engram_dropout {m.engram_dropout} with engram off (--engram-dropout with --no-engram): "
-            "there is no memory output to drop"
-        )
     if t.engram_shard and not m.engram:
         raise ConfigError(
             "engram_shard with engram off (--engram-shard with --no-engram): there are no tables to shard"
@@ -477,21 +477,29 @@ def _check_engram_shard(m: ModelConfig, t: TrainConfig) -> None:
         )
 
 
+def data_shaped_arms(m: ModelConfig) -> dict[str, str]:
+    """{field: why} of the model's arms whose tensor shapes follow the data: a CUDA graph replays fixed
+    shapes, so neither a captured training step (--cuda-graph) nor a captured decode step can hold them."""
+    arms = {
+        "mor": (m.mor, "MoR's routed positions change the shapes per step"),
+        "n_experts": (
+            m.n_experts > 1 and not m.experts_dense,
+            "the sparse experts' routing sizes their batches per step (--experts-dense runs every expert on "
+            "every byte)",
+        ),
+    }
+    return {name: why for name, (on, why) in arms.items() if on}
+
+
 def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
     """A captured step replays the same kernels on the same shapes: what changes them per step is refused."""
     if not t.cuda_graph:
         return
-    changing = {
-        "mor": (m.mor, "MoR's routed positions change the shapes per step"),
-        "n_experts": (
-            m.n_experts > 1 and not m.experts_dense,
-            "expert routing sizes its batches per step (--experts-dense runs every expert on every byte)",
-        ),
-        "engram_shard": (t.engram_shard, "sharded lookups exchange data-dependent sizes"),
-    }
-    for name, (on, why) in changing.items():
-        if on:
-            raise ConfigError(f"cuda_graph with {name} is not built: {why}, a captured graph replays fixed ones")
+    changing = data_shaped_arms(m)
+    if t.engram_shard:
+        changing["engram_shard"] = "sharded lookups exchange data-dependent sizes"
+    for name, why in changing.items():
+        raise ConfigError(f"cuda_graph with {name} is not built: {why}, a captured graph replays fixed ones")
     if m.engram and t.rand_depth and t.rand_depth_min <= t.rand_depth_bptt < m.depth:
         # The memories join the first iteration only: a step deeper than rand_depth_bptt trains none of
         # their weights, a shallower one does, and the captured update reads one fixed set of gradients.

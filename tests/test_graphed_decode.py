@@ -81,17 +81,18 @@ class ReplayedOnTheCpu:
             static.copy_(value)
 
 
+@pytest.fixture
+def graphs_on_the_cpu(monkeypatch):
+    """GraphedDecoder on the CPU, its captures ReplayedOnTheCpu."""
+    monkeypatch.setattr(graphed, "check_device", lambda device: None)
+    monkeypatch.setattr(graphed, "capture", lambda run: (graph := ReplayedOnTheCpu(run), graph.outputs))
+
+
 @pytest.mark.parametrize("prompt", [b"T", b"The dormouse"], ids=["one-byte", "prompt"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_decoder_around_a_graph_gives_plain_decodings_bytes(prompt, temperature, monkeypatch):
+def test_the_decoder_around_a_graph_gives_plain_decodings_bytes(prompt, temperature, graphs_on_the_cpu):
     # What the GPU test checks end to end, here with the graph's replay contract emulated: the static
     # buffers, the state written back after each step, the eager first byte, positions and sampling.
-    def emulated(run):
-        graph = ReplayedOnTheCpu(run)
-        return graph, graph.outputs
-
-    monkeypatch.setattr(graphed, "check_device", lambda device: None)
-    monkeypatch.setattr(graphed, "capture", emulated)
     model = tiny_model(sharpen=1.0 if temperature else 40.0, engram_layers="0,1")
     plain = Decoder(model, prompt, temperature=temperature, seed=5)
     emulated_graph = GraphedDecoder(model, prompt, temperature=temperature, seed=5)
@@ -122,9 +123,7 @@ class Swapper(torch.nn.Module):
         return torch.zeros(1, 256), PairCache([second, first], cache.position + 1)
 
 
-def test_a_state_passed_through_into_another_buffer_is_copied_before_it_is_overwritten(monkeypatch):
-    monkeypatch.setattr(graphed, "check_device", lambda device: None)
-    monkeypatch.setattr(graphed, "capture", lambda run: (graph := ReplayedOnTheCpu(run), graph.outputs))
+def test_a_state_passed_through_into_another_buffer_is_copied_before_it_is_overwritten(graphs_on_the_cpu):
     decoder = GraphedDecoder(Swapper(), b"T", temperature=0)
     pairs = []
     for _ in range(4):  # the first eager, the rest replayed

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from dormouse.config import layer_mixers
+from dormouse.config import data_shaped_arms, layer_mixers
 from dormouse.decode.generate import Decoder
 from dormouse.errors import DormouseError
 
@@ -57,10 +57,7 @@ def check_capturable(model, exit_threshold: float) -> None:
     reasons = []
     if "attention" in layer_mixers(m):
         reasons.append("attention layers (their KV cache grows by a position per byte)")
-    if m.n_experts > 1 and not m.experts_dense:
-        reasons.append("the sparse experts' dispatch (its shapes follow the routing; --experts-dense is capturable)")
-    if m.mor:
-        reasons.append("MoR's routing")
+    reasons += data_shaped_arms(m).values()
     if exit_threshold < 1:
         reasons.append("--exit-threshold (CALM-lite exits on the logits' values)")
     if reasons:

@@ -24,9 +24,9 @@ RANK_STRIDE = 2**40  # rank r of a data-parallel run draws from step + r · 2^40
 
 
 def draws_masks(m) -> bool:
-    """Whether a training forward of ModelConfig `m` draws masks (dropout or stochastic depth): it needs a
-    dropout generator then."""
-    return m.dropout > 0 or m.drop_path > 0 or (m.engram and m.engram_dropout > 0)
+    """Whether a training forward of ModelConfig `m` draws masks (dropout, stochastic depth or the engram's
+    dropout, which config.validate refuses with the engram off): it needs a dropout generator then."""
+    return m.dropout > 0 or m.drop_path > 0 or m.engram_dropout > 0
 
 
 def step_seed(seed: int, step: int, rank: int = 0) -> int:

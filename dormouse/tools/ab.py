@@ -462,23 +462,26 @@ def cli(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
     if len(args.b) == 1:
-        return compare(argparse.Namespace(**{**vars(args), "b": args.b[0], "out": out}))
+        compare(argparse.Namespace(**{**vars(args), "b": args.b[0], "out": out}))
+        return 0
     rows = [argparse.Namespace(**{**vars(args), "b": b, "out": out / f"b{i}"}) for i, b in enumerate(args.b, 1)]
     cfgs = [arm_configs(row) for row in rows]  # every arm refused now, not after hours of the rows before it
     if cfgs[0]["a"].train.minutes:
         raise ConfigError("several --b need --steps: their comparisons share arm A's runs, of a fixed number of steps")
+    results = []
     for i, row in enumerate(rows):
         row.reuse_a = args.reuse_a if i == 0 else args.reuse_a or str(rows[0].out)
         print(f"ab: comparison b{i + 1} of {len(rows)}, arm B: {row.b}")
-        compare(row)
-    done = table([(row.out.name, json.loads((row.out / "ab.json").read_text())) for row in rows])
+        results.append((row.out.name, compare(row)))
+    done = table(results)
     (out / "table.md").write_text(done + "\n")
     print(done)
     return 0
 
 
-def compare(args: argparse.Namespace) -> int:
-    """One comparison of arm A (`args.a`) and arm B (`args.b`, one string) into the new folder `args.out`."""
+def compare(args: argparse.Namespace) -> dict:
+    """One comparison of arm A (`args.a`) and arm B (`args.b`, one string) into the new folder `args.out`;
+    returns what it wrote to ab.json."""
     from dormouse.plots import plot_ab
     from dormouse.runs import open_corpus
 
@@ -578,4 +581,4 @@ def compare(args: argparse.Namespace) -> int:
         for arm in recorded:
             append_row(history, rows[arm])
         print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {history}")
-    return 0
+    return result

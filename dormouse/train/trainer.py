@@ -194,7 +194,7 @@ class Trainer:
 
     def dropout_gen(self, step: int) -> torch.Generator | None:
         """This rank's dropout generator of step `step` (keyed by (seed, step, rank): model/dropout.py); None:
-        dropout and drop_path off, nothing drawn."""
+        no masks (model/dropout.py's draws_masks), nothing drawn."""
         if not draws_masks(self.cfg.model):
             return None
         return step_generator(self.cfg.train.seed, step, self.world.rank, self.device)
