@@ -83,7 +83,7 @@ def collect(results: Path, log_dir: Path, history: Path, logs: Path, pin: Path, 
     rows = new_rows(results, history, log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for path in sorted(results.iterdir()):
-        if path.is_file() and path.suffix in (".json", ".jsonl", ".png"):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".png", ".md", ".txt"):
             shutil.copy(path, log_dir / path.name)
             done.append(f"copied {path.name}")
         elif path.is_file() and path.suffix == ".log":

@@ -49,6 +49,8 @@ def places(tmp_path):
     (results / "ab-x.json").write_text("{}")
     (results / "r-rows-b2.json").write_text("{}")
     (results / "recipe.metrics.jsonl").write_text('{"kind": "eval"}\n')
+    (results / "r-rows-table.md").write_text("| row |\n")
+    (results / "pick.txt").write_text("picked c1\n")
     (results / "ab-x.log").write_text("run x\n  5%|#  | 1/20\r 10%|## | 2/20\r      \reval step=2 bpb=2.5\n")
     (results / "bench-logs/new.log").write_text("bench")
     (results / "fla-pin/k.json").write_text(pin_file("new"))
@@ -75,6 +77,8 @@ def test_a_call_is_collected_into_the_repos_places(places, tmp_path):
         str(log_dir / "recipe.metrics.jsonl"),
     ]
     assert (log_dir / "recipe.metrics.jsonl").read_text() == '{"kind": "eval"}\n'
+    assert (log_dir / "r-rows-table.md").read_text() == "| row |\n"  # several --b's table, a pick's choice
+    assert (log_dir / "pick.txt").read_text() == "picked c1\n"
     assert (log_dir / "ab-x.log").read_text() == "run x\neval step=2 bpb=2.5\n"
     assert (log_dir / "ab-x.json").read_text() == "{}" and (logs / "new.log").read_text() == "bench"
     assert sorted(json.loads((pin / "k.json").read_text())["autotune_entries"]) == ["new", "old"]
