@@ -1,8 +1,10 @@
 """On CUDA with fla: every fla kernel reads the committed pin, and the recipe's shape (`small`'s
-widths, T 256, B 64, bf16, engram off: configs/tinyshakespeare.toml; its dropout chooses no kernel) trains and evaluates
-with no kernel chosen by timing. Session 6's runs of one config gave three different numbers while five
-layer-norm choices per process were timed (docs/known-issues.md); this is what must not come back.
+widths, its T and B, bf16, engram off: read from configs/tinyshakespeare.toml; its dropout chooses no kernel)
+trains and evaluates with no kernel chosen by timing. Session 6's runs of one config gave three different
+numbers while five layer-norm choices per process were timed (docs/known-issues.md); this is what must not come back.
 Skipped without CUDA or fla."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,13 +30,15 @@ def test_every_fla_autotuner_reads_the_pin():
     assert plain == []
 
 
-def test_the_candidate_shape_chooses_no_kernel_by_timing(random_corpus, tmp_path):
+def test_the_recipes_shape_chooses_no_kernel_by_timing(random_corpus, tmp_path):
     fla_kernels.count_unpinned()  # choices of earlier tests in this process are theirs
+    recipe = config.Config.from_dict(config.load_toml(Path(__file__).parents[2] / "configs/tinyshakespeare.toml"))
+    shape = {"seq_len": recipe.train.seq_len, "batch_size": recipe.train.batch_size}
     cfg = config.build(
         "small",
         {
             "model": {"engram": False, "dropout": 0.2},
-            "train": {"seq_len": 256, "batch_size": 64, "steps": 3, "eval_every": 3, "dtype": "bf16"},
+            "train": {**shape, "steps": 3, "eval_every": 3, "dtype": "bf16"},
         },
     )
     corpus = load_corpus(random_corpus(40000, repeats=2))
