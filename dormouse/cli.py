@@ -1,7 +1,6 @@
 """The `dormouse` command. A subcommand is registered only once it works (no stubs)."""
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -129,6 +128,7 @@ def _record_run(trainer, history: Path) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from dormouse.evaluation import depth_field, eval_line, eval_record, heldout_score
+    from dormouse.model import precision
     from dormouse.runs import load_model, run_corpus
     from dormouse.train.stress import StressMonitor
 
@@ -152,7 +152,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 batch_size=batch_size,
                 eval_bytes=t.eval_bytes,
                 device=device,
-                autocast=contextlib.nullcontext,
+                # the run's precision (bf16: autocast), as its training evals scored: the same number
+                autocast=lambda: precision.autocast(t.dtype, device),
                 depth=depth,
             )
             record = eval_record(
