@@ -2,9 +2,9 @@
 # Planned device call (not run yet) for the speed issue's open goals (start-up and replay were measured in
 # session 10: benches/sessions/2026-12-03-s10-call3.sh). Carry .whl, .gpu-data, .device-commit and
 # .triton-cache.
-#  0. The engram's keys on CUDA against the CPU's (tests/gpu/test_engram_keys_cuda.py, seconds; never run).
-#  0b. Decode from a CUDA graph (`generate --cuda-graph`, built in session 12, never run): its GPU test, then
-#     `small` greedy decode rows without and with it from one short run's checkpoint (session 4: 26 ms/byte).
+# (Run in session 13, 2026-12-03-s13-call1.sh: the engram keys' CUDA test, the graphed decode's GPU test
+# and decode rows: 23.54 ms/byte eager, 2.82 with --cuda-graph.)
+#  0. `dormouse eval` under the run's autocast reprints a bf16 run's last eval (tests/gpu/test_eval_precision.py).
 #  1. Profile of `small` B 64 T 512 (6.1e5 tokens/s; goal 1e6): where its 53.8 ms go.
 #  2. The same without the engram (its lookups, sparse gradient and row-wise update run eagerly around
 #     the replay, with host syncs): what the engram costs at B 64.
@@ -21,9 +21,7 @@ timed() {  # name, command: the command's wall time appended to its log
 }
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh \
-  "python3 -m pytest -q tests/gpu/test_engram_keys_cuda.py > \$OUT/test-keys.log 2>&1; tail -1 \$OUT/test-keys.log" \
-  "python3 -m pytest -q tests/gpu/test_graphed_decode.py > \$OUT/test-graphed-decode.log 2>&1; tail -1 \$OUT/test-graphed-decode.log" \
-  "python3 -m dormouse train $S --steps 20 --eval-every 20 --out /tmp/dec > \$OUT/dec-train.log 2>&1; for g in '' --cuda-graph; do python3 -m dormouse generate /tmp/dec --ckpt last --prompt 'ROMEO:' --max-bytes 512 --temperature 0 --record \$g > \$OUT/generate\$g.log 2>&1; tail -2 \$OUT/generate\$g.log; done" \
+  "python3 -m pytest -q tests/gpu/test_eval_precision.py > \$OUT/test-eval-precision.log 2>&1; tail -1 \$OUT/test-eval-precision.log" \
   "$(timed profile-b64 "python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --profile 3 --note 'batch 64, profiled'")" \
   "$(timed no-engram-b64 "python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --no-engram --note 'batch 64, engram off'")" \
   "$(timed compile-graph-b64 "timeout 300 python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --compile --note 'batch 64, torch.compile under --cuda-graph'")" \
