@@ -236,6 +236,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             cfg,
             result,
             options=options,
+            graphed=args.cuda_graph,
             prompt_bytes=len(args.prompt.encode()),
             commit=git_commit(repo_root()),
             log=str(ck.path),

@@ -147,3 +147,19 @@ def test_cli_generate_record_appends_a_decode_row_with_the_reported_rate(tmp_pat
         assert row["heldout_bpb"] == "-" and row["mfu"] == "-"
     assert rows[0]["arms"].endswith("dspark=4/16") and rows[1]["arms"].endswith("dspark=4/16,speculative")
     assert "speculative: k=4" in rows[1]["note"] and "speculative" not in rows[0]["note"].split(";")[0][7:]
+
+
+def test_a_decode_rows_cuda_graph_arm_is_the_decodes_not_the_trainings(tmp_path):
+    from dormouse.decode.generate import Generation
+    from dormouse.tools.decode_row import decode_row
+
+    cfg = save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
+    cfg.train.cuda_graph, cfg.train.graph_update = True, False  # trained graphed, the update eager
+    result = Generation(b"abcd", 0.5, [2, 2, 2, 2], None)
+    row = {
+        g: decode_row(cfg, result, options="", graphed=g, prompt_bytes=1, commit="c", log="l") for g in (False, True)
+    }
+    assert (
+        row[False]["arms"] == row[True]["arms"].removesuffix(",cuda_graph") and "cuda_graph" not in row[False]["arms"]
+    )
+    assert row[True]["arms"].endswith(",cuda_graph") and cfg.train.cuda_graph and not cfg.train.graph_update
