@@ -4,8 +4,9 @@
 # lr floor 0.5 on top of AdamW, dropout 0.3, weight decay 1.0, 1000 steps: 1.9696 on the validation slice
 # (3 seeds), 2.0312 on the held-out tail (goal 2.02: ~-0.013 on validation to go). Against it, windows of
 # 2048 (-0.008) and byte noise 0.15 (+0.007) showed no difference (3 seeds). The wall time allows ~3x the
-# steps (43.9 of 149 s), but every schedule so far overfit after ~1000 steps. Two parts, each recorded,
-# one seed unless SEEDS=3:
+# steps (43.9 of 149 s), and this recipe, unlike session 12's, was still improving at step 1000 (every
+# seed lowest at its last eval; train ce above validation): longer schedules first. Two parts, each
+# recorded, one seed unless SEEDS=3:
 #   LENGTHS="1250 1500"       `dormouse train` runs of the config at those schedule lengths (each its own
 #                             cosine; `ab` holds steps equal, so lengths are runs, not A/Bs)
 #   ROWS="floor3 drop4 ..."   A/Bs at STEPS (default: the config's 1000) steps, every B against one arm A
@@ -13,7 +14,7 @@
 #                             13), all in one `dormouse ab` (a --b per row: the first trains A, the others
 #                             reuse it; BASE=FILE reuses an earlier call's collected ab.json instead)
 # ~28 ms/step: a 1000-step run is ~33 s inside one `ab`, so a call holds arm A and ~12 Bs at one seed.
-#   LENGTHS="1500" ROWS="floor3 floor10 drop4 wd05 droppath d384 lr5e4" bash benches/sessions/next-h200-quality.sh
+#   LENGTHS="1500 2000" ROWS="floor3 floor10 drop2 wd05 droppath d384" bash benches/sessions/next-h200-quality.sh
 #   SEEDS=3 ROWS="<the winners>" bash benches/sessions/next-h200-quality.sh
 # Then the winners go into configs/tinyshakespeare.toml and next-h200-recipe.sh reads the held-out tail.
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
@@ -22,7 +23,7 @@ STEPS=${STEPS:-1000}
 C="--config configs/tinyshakespeare.toml --data $V --eval-every 250 --record"
 declare -A B=(
   [floor3]="--lr-floor 0.3" [floor7]="--lr-floor 0.7" [floor10]="--lr-floor 1.0" [wd05]="--weight-decay 0.5"
-  [lr5e4]="--lr 5e-4" [t2048]="--seq-len 2048 --batch-size 8" [drop4]="--dropout 0.4" [wd2]="--weight-decay 2.0"
+  [lr5e4]="--lr 5e-4" [t2048]="--seq-len 2048 --batch-size 8" [drop2]="--dropout 0.2" [drop4]="--dropout 0.4" [wd2]="--weight-decay 2.0"
   [noise5]="--byte-noise 0.05" [nonoise]="--byte-noise 0" [d384]="--d-model 384 --n-heads 6 --ffn-hidden 1152"
   [lr2e3]="--lr 2e-3" [lr1e3]="--lr 1e-3" [engram]="--engram"
   [droppath]="--drop-path 0.1" [unigram]="--byte-noise-source unigram" [attn]="--no-kda"
