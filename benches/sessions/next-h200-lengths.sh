@@ -8,7 +8,6 @@
 # curves.png). Wall time of each command is printed (the issue's budget: 149 s, start-up included).
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
 V=.gpu-data/ts-val
-D=.gpu-data/tinyshakespeare
 C="--config configs/tinyshakespeare.toml --record"
 LENGTHS=${LENGTHS:-1500 2000}
 cmds=()
@@ -16,6 +15,7 @@ for n in $LENGTHS; do
   cmds+=("python3 -m dormouse train $C --steps $n --eval-every $((n / 4)) --data $V --out /tmp/len-$n > \$OUT/len-$n.log 2>&1; cp /tmp/len-$n/metrics.jsonl \$OUT/len-$n.metrics.jsonl; tr '\\r' '\\n' < \$OUT/len-$n.log | grep -a -E '^eval' | cut -c1-40")
 done
 pick="python3 -c \"import json,sys; f=lambda n: [r for r in map(json.loads, open(f'\$OUT/len-{n}.metrics.jsonl')) if r.get('kind')=='eval'][-1]['bpb']; s={n: f(n) for n in '$LENGTHS'.split()}; n=min(s, key=s.get); ok=s[n] < 1.9715; print(s, 'picked', n if ok else 'none'); sys.exit(0 if ok else 1)\" > \$OUT/pick-len.txt 2>&1; cat \$OUT/pick-len.txt"
-cmds+=("$pick; n=\$(sed -nE 's/.*picked ([0-9]+)\$/\\1/p' \$OUT/pick-len.txt); [[ \$n =~ ^[0-9]+\$ ]] || exit 0; s=\$EPOCHREALTIME; python3 -m dormouse train $C --steps \$n --eval-every \$((n / 4)) --data $D --out /tmp/recipe-len > \$OUT/recipe-len.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/recipe-len.log; cp /tmp/recipe-len/metrics.jsonl \$OUT/recipe-len.metrics.jsonl; cp /tmp/recipe-len/curves.png \$OUT/recipe-len.curves.png; tr '\\r' '\\n' < \$OUT/recipe-len.log | grep -a -E '^eval|first step' | cut -c1-200")
+source benches/sessions/heldout-run.sh
+cmds+=("$pick; n=\$(sed -nE 's/.*picked ([0-9]+)\$/\\1/p' \$OUT/pick-len.txt); [[ \$n =~ ^[0-9]+\$ ]] || exit 0; $(heldout_run_cmd recipe-len "--config configs/tinyshakespeare.toml --steps \$n --eval-every \$((n / 4))")")
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh "${cmds[@]}"

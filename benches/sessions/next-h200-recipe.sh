@@ -9,7 +9,6 @@
 # 28 s of compilation). Carry .whl, .gpu-data, .device-commit, .triton-cache. Commit the log,
 # metrics.jsonl and curves.png under benches/logs/<session>/recipe.* (the runs of sessions 10 and 12:
 # benches/sessions/2026-12-03-s10-call3.sh, 2026-12-03-s12-call3.sh).
-D=.gpu-data/tinyshakespeare
+source benches/sessions/heldout-run.sh
 cache=${COLD:+TRITON_CACHE_DIR=/tmp/empty-triton-cache }
-exec bash benches/gpu_session.sh \
-  "s=\$EPOCHREALTIME; ${cache}python3 -m dormouse train --config configs/tinyshakespeare.toml --data $D --out /tmp/recipe --record > \$OUT/recipe.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/recipe.log; cp /tmp/recipe/metrics.jsonl \$OUT/recipe.metrics.jsonl; cp /tmp/recipe/curves.png \$OUT/recipe.curves.png; grep -a -E '^eval|first step' \$OUT/recipe.log | cut -c1-200"
+exec bash benches/gpu_session.sh "$(heldout_run_cmd recipe "--config configs/tinyshakespeare.toml" "$cache")"
