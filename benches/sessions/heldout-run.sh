@@ -1,4 +1,4 @@
-# Sourced by next-h200-recipe.sh and next-h200-lengths.sh: heldout_run_cmd prints one device command that
+# Sourced by next-h200-recipe.sh and the session scripts: heldout_run_cmd prints one device command that
 # trains on nanoGPT's split (the held-out tail: read only for a config chosen on the validation slice)
 # with --record, times the whole command (bash's EPOCHREALTIME before and after, start-up included),
 # and copies NAME.log, NAME.metrics.jsonl and NAME.curves.png under $OUT.
