@@ -212,6 +212,8 @@ def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeyp
     assert row["steps"] == "2"  # the profiled step is not a timed step
     log = next(logs.iterdir()).read_text()
     assert "---- torch.profiler over 1 more step(s), not timed" in log and "Self CPU" in log
+    by_shape = log.split("---- the same steps by op and input shapes\n")[1]
+    assert "Input Shapes" in by_shape and "[4, 32, 32]" in by_shape  # a [B, T, d] input, by its shape
     assert log.count(" timed ms=") == 2
 
 

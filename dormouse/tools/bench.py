@@ -780,17 +780,21 @@ PROFILE_ROWS = 40
 
 
 def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
-    """torch.profiler's table of `n` further training steps `step(s)` (after the timed ones, which it never
-    slows), the ops sorted by their own device time (CPU time on the CPU)."""
+    """torch.profiler's tables of `n` further training steps `step(s)` (after the timed ones, which it never
+    slows), the ops sorted by their own device time (CPU time on the CPU): one per op, then one per op and
+    input shapes, which tells which call of a generic kernel (a cast, a strided copy) costs what. Kernels
+    replayed from a CUDA graph have no op to group under: profile the eager step for the second table."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         for s in range(first_step, first_step + n):
             step(s)
         _sync(device)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
+    by_op = prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
+    by_shape = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=PROFILE_ROWS)
+    return f"{by_op}\n---- the same steps by op and input shapes\n{by_shape}"
 
 
 def timing_columns(
