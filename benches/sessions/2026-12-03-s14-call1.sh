@@ -19,9 +19,7 @@ done
 pick="python3 -c \"import json,sys; f=lambda n: [r for r in map(json.loads, open(f'\$OUT/len-{n}.metrics.jsonl')) if r.get('kind')=='eval'][-1]['bpb']; w=lambda n: float(open(f'\$OUT/len-{n}.wall').read()); s={n: f(n) for n in '$LENGTHS'.split() if w(n) <= 140}; n=min(s, key=s.get); ok=s[n] < 1.9715; print(s, 'picked', n if ok else 'none'); sys.exit(0 if ok else 1)\" > \$OUT/pick-len.txt 2>&1; cat \$OUT/pick-len.txt"
 source benches/sessions/heldout-run.sh
 cmds+=("$pick; n=\$(sed -nE 's/.*picked ([0-9]+)\$/\\1/p' \$OUT/pick-len.txt); [[ \$n =~ ^[0-9]+\$ ]] || exit 0; $(heldout_run_cmd recipe-len "--config configs/tinyshakespeare.toml --steps \$n --eval-every \$((n / 4))")")
-timed() {  # name, command: the command's wall time appended to its log
-  echo "s=\$EPOCHREALTIME; $2 > \$OUT/$1.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/$1.log; grep -a -E 'ms_per_step|first_step' \$OUT/$1.log | cut -c1-200"
-}
+source benches/sessions/timed.sh
 cmds+=("$(timed profile-b64 "python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --profile 3 --note 'batch 64, profiled'")")
 cmds+=("$(timed no-engram-b64 "python3 -m dormouse bench $S --dtype bf16 --batch-size 64 --no-engram --note 'batch 64, engram off'")")
 export TRITON_CACHE_BACK=1

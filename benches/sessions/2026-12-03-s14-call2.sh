@@ -6,9 +6,7 @@
 # kernels, which Inductor fuses). Carry .whl, .gpu-data, .device-commit and .triton-cache.
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --cuda-graph --data $V"
-timed() {  # name, command: the command's wall time appended to its log
-  echo "s=\$EPOCHREALTIME; $2 > \$OUT/$1.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/$1.log; grep -a -E 'ms_per_step|first_step|Error' \$OUT/$1.log | cut -c1-200"
-}
+source benches/sessions/timed.sh
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh \
   "$(timed fp32 "python3 -m dormouse bench $S --dtype fp32 --batch-size 10 --note 'fp32 (IEEE Triton dots)'")" \

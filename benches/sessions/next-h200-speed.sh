@@ -10,9 +10,7 @@
 #  2. The same shape under --cuda-graph, for the ms/step in the same call.
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --batch-size 64 --data $V"
-timed() {  # name, command: the command's wall time appended to its log
-  echo "s=\$EPOCHREALTIME; $2 > \$OUT/$1.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/$1.log; grep -a -E 'ms_per_step|first_step' \$OUT/$1.log | cut -c1-200"
-}
+source benches/sessions/timed.sh
 export TRITON_CACHE_BACK=1
 exec bash benches/gpu_session.sh \
   "$(timed profile-eager-b64 "python3 -m dormouse bench $S --profile 2 --note 'batch 64, eager step, profiled with shapes'")" \

@@ -1,0 +1,8 @@
+# Sourced by session scripts: `timed NAME "<command>" [PATTERN]` prints one device command that runs the
+# command with its output in $OUT/NAME.log, appends the whole command's wall time (bash's EPOCHREALTIME
+# before and after, start-up included) to that log, and prints the log's lines matching PATTERN (default:
+# the bench's ms_per_step and first_step, and errors).
+timed() {
+  local name=$1 cmd=$2 pattern=${3:-ms_per_step|first_step|Error}
+  echo "s=\$EPOCHREALTIME; $cmd > \$OUT/$name.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/$name.log; grep -a -E '$pattern' \$OUT/$name.log | cut -c1-200"
+}
