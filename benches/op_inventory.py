@@ -1,0 +1,156 @@
+"""Count first: the torch ops one training step of a preset runs around fla's kernels, on the CPU.
+
+The CUDA step of `small` spends about a third of its GPU time in torch's elementwise and copy kernels
+(docs/performance.md, session 14's B 64 profile), which a replayed CUDA graph does not attribute to ops.
+This runs one forward and backward on the CPU under bf16 autocast with fla's three kernels (chunk_kda,
+rms_norm, causal_conv1d) replaced by opaque stand-ins of the same signature, so the dormouse-side ops
+are the CUDA path's (the in-kernel KDA prep, the fused conv and norm), and lists every aten op the
+step dispatches outside the stand-ins: its count, output shape and dtypes, and the bytes it moves
+(inputs read plus output written), grouped by op, shapes and dtypes, largest first. It does not time
+anything: it predicts which ops a GPU profile will show, and how many bytes each group moves.
+
+    python benches/op_inventory.py --preset small --batch-size 64 --seq-len 512 [--rows 40]
+"""
+
+import argparse
+import collections
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dormouse import config
+from dormouse.model import fla_kernels, fused_or_plain, kda
+from dormouse.model.model import DormouseLM
+
+
+class Inventory(TorchDispatchMode):
+    """Every aten op dispatched while no stand-in runs: (op, output shapes, input dtypes) -> [count, bytes]."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = collections.defaultdict(lambda: [0, 0])
+        self.opaque = 0  # > 0 inside a stand-in of an fla kernel
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.opaque:
+            return out
+        ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        # A view (every output aliases an input, read-only: the schema says so) moves nothing.
+        # `_unsafe_view` is a view whose schema does not say so (reshape's of a fresh tensor).
+        returns = func._schema.returns
+        is_view = func.overloadpacket.__name__ == "_unsafe_view" or (
+            bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        )
+        moved = 0 if is_view else sum(t.numel() * t.element_size() for t in ins + outs)
+        key = (
+            str(func.overloadpacket.__name__),
+            " ".join(str(list(o.shape)) for o in outs),
+            _dtypes(ins) + "->" + _dtypes(outs),
+        )
+        self.rows[key][0] += 1
+        self.rows[key][1] += moved
+        return out
+
+
+def _dtypes(tensors: list[torch.Tensor]) -> str:
+    short = {"float32": "f32", "bfloat16": "bf16", "int64": "i64", "float64": "f64", "bool": "b"}
+    names = (str(t.dtype).removeprefix("torch.") for t in tensors)
+    return ",".join(short.get(n, n) for n in names)
+
+
+def _opaque(mode: Inventory, fn):
+    """fn as an fla kernel stand-in: its own ops are not listed (fla's Triton kernels run there)."""
+
+    def run(*args, **kwargs):
+        mode.opaque += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            mode.opaque -= 1
+
+    return run
+
+
+@contextmanager
+def fla_standins(mode: Inventory):
+    """fla's kernels as opaque stand-ins with fla's signatures and output shapes, the fused paths chosen."""
+
+    class Stand(torch.autograd.Function):
+        """One output like `like` from `inputs`, every input a gradient of zeros: the op's shape, no maths."""
+
+        @staticmethod
+        def forward(ctx, like, *inputs):
+            ctx.shapes = [(i.shape, i.dtype) if isinstance(i, torch.Tensor) else None for i in inputs]
+            return torch.zeros_like(like)
+
+        @staticmethod
+        def backward(ctx, grad):
+            zeros = _opaque(mode, lambda s: None if s is None else torch.zeros(s[0], dtype=s[1]))
+            return (None, *map(zeros, ctx.shapes))
+
+    def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, **options):
+        extras = [options[n] for n in ("A_log", "dt_bias") if n in options]
+        return Stand.apply(v, q, k, v, g, beta, *extras), None
+
+    def rms_norm(x, weight, bias, eps=1e-6):
+        return Stand.apply(x, x, weight)
+
+    def causal_conv1d(x, weight, activation=None):
+        return Stand.apply(x.contiguous(), x, weight), None  # fla's y is contiguous [B, T, D]
+
+    saved = (fla_kernels.chunk_kda, fla_kernels.rms_norm, fla_kernels.causal_conv1d, fused_or_plain.resolve)
+    saved_kda = kda.resolve_kda_backend
+    fla_kernels.chunk_kda = lambda: (_opaque(mode, chunk_kda), "")
+    fla_kernels.rms_norm = lambda: (_opaque(mode, rms_norm), "")
+    fla_kernels.causal_conv1d = lambda: (_opaque(mode, causal_conv1d), "")
+    fused_or_plain.resolve = lambda requested, device, **_: "fused"
+    kda.resolve_kda_backend = lambda requested, device: "fla"
+    try:
+        yield
+    finally:
+        fla_kernels.chunk_kda, fla_kernels.rms_norm, fla_kernels.causal_conv1d, fused_or_plain.resolve = saved
+        kda.resolve_kda_backend = saved_kda
+
+
+def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None) -> Inventory:
+    """The ops of one forward and backward of `preset` at [batch, seq_len] under bf16 autocast (CPU)."""
+    cfg = config.resolve(config.build(preset, {"train": {"device": "cpu"}, **(overrides or {})}))
+    model = DormouseLM(cfg.model, seed=0)
+    ids = torch.randint(256, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    mode = Inventory()
+    with fla_standins(mode), mode, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        out = model(ids[:, :-1], ids[:, 1:])
+        out.loss.backward()
+    return mode
+
+
+def table(mode: Inventory, rows: int) -> str:
+    ranked = sorted(((k, v) for k, v in mode.rows.items() if v[1]), key=lambda kv: -kv[1][1])
+    total = sum(b for _, b in mode.rows.values())
+    lines = [f"{'op':<34} {'calls':>5} {'GB':>7} {'share':>6}  {'dtypes in->out':<24} output shapes"]
+    for (op, shapes, dtypes), (n, moved) in ranked[:rows]:
+        lines.append(f"{op:<34} {n:>5} {moved / 1e9:>7.3f} {moved / total:>6.1%}  {dtypes[:24]:<24} {shapes[:70]}")
+    calls = sum(n for n, moved in mode.rows.values() if moved)
+    views = sum(n for n, moved in mode.rows.values() if not moved)
+    moved = f"{total / 1e9:.3f} GB (inputs read + outputs written)"
+    lines.append(f"all: {calls} ops that move bytes ({views} views besides), {moved}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--rows", type=int, default=40)
+    p.add_argument("--no-engram", action="store_true")
+    a = p.parse_args()
+    overrides = {"model": {"engram": False}} if a.no_engram else None
+    print(table(inventory(a.preset, a.batch_size, a.seq_len, overrides), a.rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""benches/op_inventory.py: the torch ops of one training step around fla's kernels, counted on the CPU
+with the kernels as opaque stand-ins (the fused paths chosen), each op's bytes from its operands."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("op_inventory", ROOT / "benches/op_inventory.py")
+op_inventory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(op_inventory)
+
+B, T = 2, 32  # nano: d 128, 2 block layers looped twice (4 mixer applications), SwiGLU 384
+
+
+def rows(**overrides):
+    mode = op_inventory.inventory("nano", B, T, overrides or None)
+    return {key: tuple(value) for key, value in mode.rows.items()}
+
+
+def test_the_fused_paths_run_and_the_stand_ins_hide_fla_s_work():
+    found = rows(model={"engram": False})
+    ops = {op for op, _, _ in found}
+    # The chunked KDA (the CPU path) would solve triangular systems; torch's conv and rms_norm would run.
+    assert not ops & {"linalg_solve_triangular", "convolution", "_fused_rms_norm", "rms_norm"}
+    # One gradient of the KDA layer's fused projection per application: q, k, v 3 x 128, f_a 32, b 4, g_a 32.
+    grad = ("cat", f"[{B}, {T}, 452]", "bf16,bf16,bf16,bf16,bf16,bf16->bf16")
+    assert found[grad] == (4, 4 * (B * T * 452 * 2) * 2)  # each call reads the parts and writes the whole
+
+
+def test_bytes_are_operands_read_plus_output_written_and_views_move_nothing():
+    found = rows(model={"engram": False})
+    # The residual stream (fp32) plus a layer's bf16 delta, once per mixer application: 4 + 2 bytes read,
+    # 4 written per element.
+    n, moved = found[("add", f"[{B}, {T}, 128]", "f32,bf16->f32")]
+    assert moved == n * B * T * 128 * (4 + 2 + 4)
+    assert all(moved == 0 for (op, _, _), (_, moved) in found.items() if op in ("view", "t", "_unsafe_view"))
