@@ -25,7 +25,7 @@ from dormouse.model.model import DormouseLM
 
 
 class Inventory(TorchDispatchMode):
-    """Every aten op dispatched while no stand-in runs: (op, output shapes, input dtypes) -> [count, bytes]."""
+    """Every aten op dispatched while no stand-in runs: (op, output shapes, dtypes in->out) -> [count, bytes]."""
 
     def __init__(self):
         super().__init__()

@@ -5,7 +5,7 @@
 # under the CUDA graph, B 64 without the engram, torch.compile at B 64, fp32 and tf32 at B 10, the
 # baselines in one process.)
 #  1. `small` B 64 profiled with the eager step: the profile's second table groups ops by input shapes,
-#     which names the ops behind the ~30 strided `elementwise_kernel<128,4>` copies per step (replayed
+#     which names the ops behind the ~30 generic `elementwise_kernel<128,4>` launches per step (replayed
 #     graph kernels have no op to group under, so this one runs without --cuda-graph).
 #  2. The same shape under --cuda-graph, for the ms/step in the same call.
 V=.gpu-data/ts-val
