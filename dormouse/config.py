@@ -89,6 +89,12 @@ class ModelConfig:
         "a decode step, which carries the conv's state, runs torch's",
         choices=("auto", "fused", "plain"),
     )
+    swiglu_backend: str = _f(
+        "auto",
+        "the FFN's SwiGLU activation path; auto = fla's fused kernels on CUDA (fp32 inside, one rounding), "
+        "torch's silu and mul on CPU",
+        choices=("auto", "fused", "plain"),
+    )
     n_experts: int = _f(1, "FFN experts; 1 = the dense SwiGLU, >1 = top-k mixture of experts", lo=1, hi=64)
     experts_top_k: int = _f(1, "experts each byte is routed to (≤ n_experts)", lo=1)
     experts_dense: bool = _f(
@@ -577,8 +583,10 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
 
             m.conv_backend = resolve_conv_backend(m.conv_backend, t.device)
     from dormouse.model.norm import resolve_norm_backend  # raises through the ledger
+    from dormouse.model.swiglu import resolve_swiglu_backend  # raises through the ledger
 
     m.norm_backend = resolve_norm_backend(m.norm_backend, t.device)
+    m.swiglu_backend = resolve_swiglu_backend(m.swiglu_backend, t.device)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Kernel-path counters shown on the eval line (`kda=<fused>/<calls>`, `norm=…`, `conv=…`).
+"""Kernel-path counters shown on the eval line (`kda=<fused>/<calls>`, `norm=…`, `conv=…`,
+`swiglu=…`).
 
 Every call of a dispatched op records whether the fused path ran, so nobody can believe a kernel
 runs when it does not. The trainer prints and resets them at each eval.
@@ -26,7 +27,8 @@ class CallCounter:
 KDA = CallCounter()
 NORM = CallCounter()
 CONV = CallCounter()
-ALL = {"kda": KDA, "norm": NORM, "conv": CONV}  # in eval-line order
+SWIGLU = CallCounter()
+ALL = {"kda": KDA, "norm": NORM, "conv": CONV, "swiglu": SWIGLU}  # in eval-line order
 
 
 def reset_all() -> None:
@@ -35,7 +37,7 @@ def reset_all() -> None:
 
 
 def line() -> str:
-    """`kda=<fused>/<calls> norm=… conv=…`: what the bench's kernels column holds."""
+    """`kda=<fused>/<calls> norm=… conv=… swiglu=…`: what the bench's kernels column holds."""
     return " ".join(f"{name}={counter}" for name, counter in ALL.items())
 
 

@@ -53,8 +53,10 @@ def load_model(run: str | Path, which: str = "best", device: str = "cpu"):
     from dormouse.model.model import DormouseLM
 
     cfg = run_config(run)
-    # The KDA, norm and conv backends compute one function (tests/test_kda.py, tests/gpu/): pick this device's.
-    cfg.train.device, cfg.model.kda_backend, cfg.model.norm_backend, cfg.model.conv_backend = device, *["auto"] * 3
+    # The KDA, norm, conv and SwiGLU backends compute one function (tests/test_kda.py, tests/gpu/): pick this
+    # device's.
+    m = cfg.model
+    cfg.train.device, m.kda_backend, m.norm_backend, m.conv_backend, m.swiglu_backend = device, *["auto"] * 4
     if torch.device(device).type == "cpu":
         cfg.train.dtype = "fp32"  # eval and decode run without autocast; the CPU has no bf16/tf32 path
     cfg = resolve(cfg, cuda_available=torch.cuda.is_available())

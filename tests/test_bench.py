@@ -217,6 +217,17 @@ def test_profile_adds_the_op_table_to_the_log_only(corpus_dir, tmp_path, monkeyp
     assert log.count(" timed ms=") == 2
 
 
+def test_busy_line_is_the_union_of_the_kernels_spans():
+    # Two steps: spans (ms) 0-10 and 5-20 overlap (union 20, summed 25), 30-40 alone, 40-45 touches it.
+    spans = [(30e3, 40e3), (0, 10e3), (5e3, 20e3), (40e3, 45e3)]
+    assert bench.busy_line(spans, steps=2, wall_us=100e3) == (
+        "device busy 17.50 ms per step (union of its kernels; 20.00 ms summed) "
+        "of 50.00 ms wall per step under the profiler"
+    )
+    line = bench.busy_line([(0, 4000), (1000, 3000), (6000, 7000)], steps=1, wall_us=10_000)
+    assert line.startswith("device busy 5.00 ms per step (union of its kernels; 7.00 ms summed) of 10.00 ms wall")
+
+
 def test_a_history_without_the_added_columns_is_extended_once(tmp_path):
     from dormouse.tools.history import read_history
 

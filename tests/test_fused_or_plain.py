@@ -1,5 +1,6 @@
-"""The fused-or-plain policy of RMSNorm and the short conv (`--norm-backend`, `--conv-backend`) on the CPU:
-auto is torch here, and a fused path that cannot run is refused through the op's ledger site."""
+"""The fused-or-plain policy of RMSNorm, the short conv and the SwiGLU (`--norm-backend`, `--conv-backend`,
+`--swiglu-backend`) on the CPU: auto is torch here, and a fused path that cannot run is refused through
+the op's ledger site."""
 
 import pytest
 import torch
@@ -8,12 +9,14 @@ from dormouse import ledger
 from dormouse.model import fla_kernels
 from dormouse.model.norm import resolve_norm_backend
 from dormouse.model.short_conv import resolve_conv_backend
+from dormouse.model.swiglu import resolve_swiglu_backend
 
 OPS = [  # (resolve, fla_kernels' accessor, flag, ledger site)
     (resolve_norm_backend, "rms_norm", "--norm-backend", "norm.fused_unavailable"),
     (resolve_conv_backend, "causal_conv1d", "--conv-backend", "conv.fused_unavailable"),
+    (resolve_swiglu_backend, "swiglu", "--swiglu-backend", "swiglu.fused_unavailable"),
 ]
-IDS = ["norm", "conv"]
+IDS = ["norm", "conv", "swiglu"]
 
 
 @pytest.mark.parametrize("resolve, accessor, flag, site", OPS, ids=IDS)

@@ -90,6 +90,12 @@ def conv_fused_unavailable(tmp: Path, monkeypatch) -> None:
     resolve_conv_backend("fused", torch.device("cpu"))
 
 
+def swiglu_fused_unavailable(tmp: Path, monkeypatch) -> None:
+    from dormouse.model.swiglu import resolve_swiglu_backend
+
+    resolve_swiglu_backend("fused", torch.device("cpu"))
+
+
 def precision_triton_switch(tmp: Path, monkeypatch) -> None:
     import sys
     import types
@@ -139,6 +145,7 @@ TRIGGERS = {
     "kda.fla_unavailable": kda_fla_unavailable,
     "norm.fused_unavailable": norm_fused_unavailable,
     "conv.fused_unavailable": conv_fused_unavailable,
+    "swiglu.fused_unavailable": swiglu_fused_unavailable,
     "precision.triton_switch": precision_triton_switch,
     "memory.skipped": memory_skipped,
     "memory.enforced": memory_enforced,

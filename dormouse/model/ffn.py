@@ -8,18 +8,19 @@ Weights are created without drawing from torch's global RNG (`linear`, in model/
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from dormouse.model import swiglu
 from dormouse.model.init import linear, normal_init_
-from dormouse.model.projections import project
+from dormouse.model.projections import packed, project
 
 
 class SwiGLU(nn.Module):
-    """`w_down(silu(w_gate x) * w_up x)`, no biases."""
+    """`w_down(silu(w_gate x) * w_up x)`, no biases. The activation's path is `backend` (model/swiglu.py)."""
 
     def __init__(self, d_model: int, hidden: int, *, generator: torch.Generator):
         super().__init__()
+        self.backend = "auto"  # as asked for (swiglu.SWIGLU_BACKENDS); resolved per call on the input's device
         self.w_gate = linear(d_model, hidden)
         self.w_up = linear(d_model, hidden)
         self.w_down = linear(hidden, d_model)
@@ -30,8 +31,12 @@ class SwiGLU(nn.Module):
             normal_init_(lin.weight, gen)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        gate, up = project(x, (self.w_gate, self.w_up))
-        return self.w_down(F.silu(gate) * up), {}
+        if not swiglu.is_fused(self.backend, x.device):
+            gate, up = project(x, (self.w_gate, self.w_up))
+            return self.w_down(swiglu.plain(gate, up)), {}
+        if torch.is_grad_enabled():  # one matmul's output, its gradient written whole (no split, no cat)
+            return self.w_down(swiglu.fused_packed(packed(x, (self.w_gate, self.w_up)))), {}
+        return self.w_down(swiglu.fused_pair(*project(x, (self.w_gate, self.w_up)))), {}
 
 
 class MoE(nn.Module):
@@ -136,6 +141,15 @@ def make_ffn(
     if n_experts == 1:
         return SwiGLU(d_model, hidden, generator=generator)
     return MoE(d_model, hidden, n_experts, top_k, generator=generator, dense=dense)
+
+
+def set_swiglu_backend(module: nn.Module, backend: str) -> None:
+    """Set the requested backend (one of swiglu.SWIGLU_BACKENDS) on every SwiGLU inside `module`."""
+    if backend not in swiglu.SWIGLU_BACKENDS:
+        raise ValueError(f"unknown swiglu backend {backend!r}; choose one of {swiglu.SWIGLU_BACKENDS}")
+    for m in module.modules():
+        if isinstance(m, SwiGLU):
+            m.backend = backend
 
 
 def _check_experts(n_experts: int, top_k: int) -> None:

@@ -173,6 +173,13 @@ def causal_conv1d() -> tuple[Callable | None, str]:
     return _opaque(*_import("fla.modules.causal_conv1d", "causal_conv1d"))
 
 
+@functools.cache
+def swiglu() -> tuple[object | None, str]:
+    """fla's activation kernels module (`swiglu_fwd_kernel`, `swiglu_fwdbwd_kernel`, `prepare_input`), or None
+    and why not. dormouse launches the kernels itself (model/swiglu.py), behind torch.compiler.disable."""
+    return _import("fla.modules.activations", "ops")
+
+
 def _opaque(fn: Callable | None, why: str) -> tuple[Callable | None, str]:
     """`fn` behind torch.compiler.disable: under torch.compile the graph breaks around fla's op and calls
     it eagerly, instead of dynamo tracing fla's autograd Function and its autotuned Triton launchers

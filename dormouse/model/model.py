@@ -31,7 +31,7 @@ from dormouse.model.attnres import AttnRes
 from dormouse.model.dropout import branch_drop_of, dropout_of, keep_all
 from dormouse.model.dspark import DraftHead, dspark_term
 from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow, check_byte_dtype
-from dormouse.model.ffn import make_ffn
+from dormouse.model.ffn import make_ffn, set_swiglu_backend
 from dormouse.model.init import normal_init_
 from dormouse.model.jepa import Predictor, jepa_term
 from dormouse.model.kda import KDALayer
@@ -182,6 +182,7 @@ class DormouseLM(nn.Module):
         self.jepa = Predictor(d, eps=cfg.norm_eps, generator=gen) if cfg.jepa_weight else None
         set_norm_backend(self, cfg.norm_backend)
         set_conv_backend(self, cfg.conv_backend)
+        set_swiglu_backend(self, cfg.swiglu_backend)
 
     # ---- the trunk: one implementation for forward and step --------------------------------------------------
 

@@ -18,9 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def packed(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """x @ cat(weights).T: every Linear's output side by side in one tensor, in the order given."""
+    return F.linear(x, torch.cat([lin.weight for lin in linears]))
+
+
 def project(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """(lin(x) for lin in linears): as x @ cat(weights).T split by output width when autograd records."""
+    """(lin(x) for lin in linears): `packed` split by output width when autograd records."""
     if not torch.is_grad_enabled():
         return tuple(F.linear(x, lin.weight) for lin in linears)
-    weight = torch.cat([lin.weight for lin in linears])
-    return F.linear(x, weight).split([lin.out_features for lin in linears], dim=-1)
+    return packed(x, linears).split([lin.out_features for lin in linears], dim=-1)

@@ -783,18 +783,48 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
     """torch.profiler's tables of `n` further training steps `step(s)` (after the timed ones, which it never
     slows), the ops sorted by their own device time (CPU time on the CPU): one per op, then one per op and
     input shapes, which tells which call of a generic kernel (a cast, a strided copy) costs what. Kernels
-    replayed from a CUDA graph have no op to group under: profile the eager step for the second table."""
+    replayed from a CUDA graph have no op to group under: profile the eager step for the second table.
+    On CUDA a first line says how much of the steps' wall time the device was busy (`busy_line`)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
+        started = time.perf_counter()
         for s in range(first_step, first_step + n):
             step(s)
         _sync(device)
+        wall_us = (time.perf_counter() - started) * 1e6
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     by_op = prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
     by_shape = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=PROFILE_ROWS)
-    return f"{by_op}\n---- the same steps by op and input shapes\n{by_shape}"
+    tables = f"{by_op}\n---- the same steps by op and input shapes\n{by_shape}"
+    if device.type != "cuda":
+        return tables
+    # Kernels, copies and memsets; not the user annotations (an optimizer's range) that span kernels.
+    spans = [
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+    return f"{busy_line(spans, n, wall_us)}\n{tables}"
+
+
+def busy_line(spans: list[tuple[float, float]], steps: int, wall_us: float) -> str:
+    """Per step: the time the device ran anything (the union of its kernels' `(start, end)` spans, µs),
+    their summed durations (more than the union where kernels overlap) and the wall time, in ms. Wall time
+    minus busy time is what the device sat idle: launches, host work, syncs."""
+    union, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            union += end - max(start, reach)
+            reach = end
+    summed = sum(end - start for start, end in spans)
+    per = 1e-3 / steps
+    return (
+        f"device busy {union * per:.2f} ms per step (union of its kernels; {summed * per:.2f} ms summed) "
+        f"of {wall_us * per:.2f} ms wall per step under the profiler"
+    )
 
 
 def timing_columns(

@@ -161,10 +161,12 @@ class Trainer:
             if has_conv
             else "off"
         )
-        self.log(f"kernels: kda={backend} norm={norm} conv={conv}")
+        glu = {"fused": "fused (fla swiglu)", "plain": "plain (torch silu, mul)"}[m.swiglu_backend]
+        self.log(f"kernels: kda={backend} norm={norm} conv={conv} swiglu={glu}")
         if m.attention_layers:  # a hybrid block
             self.log("mixers of the block layers: " + ", ".join(f"{i}:{k}" for i, k in enumerate(layer_mixers(m))))
-        if backend == "fla" or m.norm_backend == "fused" or (has_conv and m.conv_backend == "fused"):
+        fused = (m.norm_backend, m.swiglu_backend, m.conv_backend if has_conv else "off")
+        if backend == "fla" or "fused" in fused:
             self.log(fla_kernels.pin_note())
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
         self.log(describe(self.groups))

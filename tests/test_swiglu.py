@@ -1,0 +1,147 @@
+"""The FFN's SwiGLU activation on the CPU: the plain path against float64 by hand, the fused path's wiring
+(which halves of the packed projection it reads, where it writes their gradients) with a stand-in for fla's
+kernels that follows their addressing (`row·stride + col`), and the backend policy.
+
+The fused kernels' own numbers on CUDA are tests/gpu/test_swiglu_fused.py.
+"""
+
+import types
+
+import pytest
+import torch
+
+from dormouse import config, counters, ledger
+from dormouse.model import fla_kernels, swiglu
+from dormouse.model.ffn import SwiGLU, set_swiglu_backend
+from dormouse.model.model import DormouseLM
+
+
+def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    g, u = gate.double(), up.double()
+    return g / (1 + torch.exp(-g)) * u
+
+
+class StandInKernel:
+    """fla's Triton kernel launch `kernel[grid](**args)`, in torch: each pointer argument read or written as
+    rows of D at its row stride (`T` elements in all), the maths in fp32, one rounding to the output's dtype."""
+
+    def __init__(self, body):
+        self.body, self.launches = body, []
+
+    def __getitem__(self, grid):
+        def launch(**a):
+            self.launches.append({k: v for k, v in a.items() if not isinstance(v, torch.Tensor)})
+            rows = a["T"] // a["D"]
+
+            def view(name):
+                return a[name].as_strided((rows, a["D"]), (a[f"stride_{name}_row"], 1))
+
+            self.body(view, a)
+
+        return launch
+
+
+def fwd_body(view, a):
+    x, y = view("x").float(), view("y").float()
+    view("z").copy_(x * torch.sigmoid(x) * y)
+
+
+def fwdbwd_body(view, a):
+    x, y, g = view("x").float(), view("y").float(), view("g").float()
+    s = torch.sigmoid(x)
+    view("dx").copy_(g * s * (1 + x * (1 - s)) * y)
+    view("dy").copy_(g * x * s)
+    assert a["z"] is None
+
+
+def prepare_input(x):  # fla's, for the layouts these tests make: inner-contiguous rows of one stride
+    return x, x.stride(-2)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    ops = types.SimpleNamespace(
+        swiglu_fwd_kernel=StandInKernel(fwd_body),
+        swiglu_fwdbwd_kernel=StandInKernel(fwdbwd_body),
+        prepare_input=prepare_input,
+    )
+    monkeypatch.setattr(fla_kernels, "swiglu", lambda: (ops, ""))
+    monkeypatch.setattr(swiglu, "resolve_swiglu_backend", lambda requested, device: "fused")
+    return ops
+
+
+def make_ffn(seed=0, d=6, hidden=5) -> SwiGLU:
+    return SwiGLU(d, hidden, generator=torch.Generator().manual_seed(seed)).double()
+
+
+def test_plain_is_silu_gate_times_up():
+    gen = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(3, 7, generator=gen), torch.randn(3, 7, generator=gen)
+    assert torch.allclose(swiglu.plain(gate, up).double(), reference(gate, up), rtol=1e-6, atol=1e-7)
+
+
+def test_fused_packed_reads_the_halves_and_writes_one_gradient(stand_in):
+    # h [..., 2H]: gate is the first half, up the second; the gradient comes back as one [..., 2H] tensor
+    # equal (float64) to autograd's of the formula.
+    gen = torch.Generator().manual_seed(2)
+    h = torch.randn(2, 3, 10, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64)
+    out = swiglu.fused_packed(h)
+    (dh,) = torch.autograd.grad(out, h, g)
+    h_ref = h.detach().clone().requires_grad_()
+    ref = reference(h_ref[..., :5], h_ref[..., 5:])
+    (dh_ref,) = torch.autograd.grad(ref, h_ref, g)
+    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-7)  # the stand-in computes in fp32, as fla's kernel
+    assert torch.allclose(dh, dh_ref, rtol=1e-5, atol=1e-6)
+    fwd, bwd = stand_in.swiglu_fwd_kernel.launches, stand_in.swiglu_fwdbwd_kernel.launches
+    assert fwd == [{"stride_x_row": 10, "stride_y_row": 10, "stride_z_row": 5, "T": 30, "D": 5}]
+    assert bwd[0]["stride_dx_row"] == bwd[0]["stride_dy_row"] == 10 and bwd[0]["T"] == 30
+
+
+def test_the_module_fused_equals_plain_and_counts(stand_in, monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 6, generator=gen, dtype=torch.float64)
+    fused, plain = make_ffn(), make_ffn()
+    plain.backend = "plain"  # the stand-in resolves every backend name to fused: plain's path is below
+    counters.SWIGLU.reset()
+    y_fused, _ = fused(x)
+    y_fused.sum().backward()
+    with torch.no_grad():
+        y_eval, _ = fused(x)  # no autograd: the two projections apart, fla's forward kernel on the pair
+    monkeypatch.setattr(swiglu, "resolve_swiglu_backend", lambda requested, device: requested)
+    y_plain, _ = plain(x)
+    y_plain.sum().backward()
+    assert torch.allclose(y_fused, y_plain, rtol=1e-6, atol=1e-7) and torch.allclose(y_eval, y_plain)
+    for a, b in zip(fused.parameters(), plain.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+    assert (counters.SWIGLU.fused, counters.SWIGLU.calls) == (2, 3)
+
+
+def test_fused_pair_refuses_autograd(stand_in):
+    gate = torch.ones(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="fused_packed"):
+        swiglu.fused_pair(gate, torch.ones(2, 3))
+
+
+def test_fused_on_cpu_is_refused_through_the_ledger():
+    ffn = make_ffn()
+    ffn.backend = "fused"
+    with pytest.raises(ledger.FallbackRefused, match="--swiglu-backend plain") as err:
+        ffn(torch.ones(1, 2, 6, dtype=torch.float64))
+    assert err.value.site == "swiglu.fused_unavailable"
+
+
+def test_config_resolves_and_the_model_sets_every_swiglu():
+    cfg = config.resolve(config.build("nano"), cuda_available=False)
+    assert cfg.model.swiglu_backend == "plain"
+    model = DormouseLM(cfg.model, seed=0)
+    ffns = [m for m in model.modules() if isinstance(m, SwiGLU)]
+    assert len(ffns) == cfg.model.block_layers and {m.backend for m in ffns} == {"plain"}
+    set_swiglu_backend(model, "fused")
+    assert {m.backend for m in ffns} == {"fused"}
+    with pytest.raises(ValueError, match="unknown swiglu backend 'apex'"):
+        set_swiglu_backend(model, "apex")
+    set_swiglu_backend(model, "auto")
+    counters.SWIGLU.reset()
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert (counters.SWIGLU.fused, counters.SWIGLU.calls) == (0, cfg.model.block_layers * cfg.model.depth)
