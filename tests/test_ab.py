@@ -255,7 +255,8 @@ def test_arms_with_different_triton_precisions_are_refused_on_cuda(tmp_path, cap
     # IEEE dots against bf16's TF32 ones would run one arm's kernels for both.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # for the config's resolve; nothing runs
     argv = ["ab", "--a", "--dtype fp32", "--b", "--dtype bf16", "--device", "cuda", "--kda-backend", "chunked"]
-    argv += ["--norm-backend", "plain", "--conv-backend", "plain", "--out", str(tmp_path / "out")]  # not fla's
+    argv += ["--norm-backend", "plain", "--conv-backend", "plain", "--swiglu-backend", "plain"]  # not fla's
+    argv += ["--out", str(tmp_path / "out")]
     assert main(argv) == 2
     assert "arm A's dtype runs Triton's fp32 dots in ieee and arm B's in tf32" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -42,3 +42,71 @@ def test_config_resolves_and_the_model_sets_every_norm():
     set_norm_backend(model, "auto")
     model(torch.zeros(1, 8, dtype=torch.long))
     assert counters.NORM.fused == 0 and counters.NORM.calls >= len(norms)  # each norm ran, none fused
+
+
+def stand_in_ops(calls):
+    """fla's layer_norm_fwd / layer_norm_bwd for RMSNorm (no bias, no residual), in torch: fp32 inside, the
+    output written in `out_dtype`, dx in `x_dtype`, as fla documents them."""
+
+    def fwd(x, weight, bias, eps, out_dtype=None, is_rms_norm=False):
+        calls.append(("fwd", x.shape, out_dtype, is_rms_norm))
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        return (x.float() * rstd[:, None] * weight).to(out_dtype or x.dtype), None, rstd, x
+
+    def bwd(dy, x, weight, bias, rstd=None, is_rms_norm=False, x_dtype=None):
+        calls.append(("bwd", dy.dtype, is_rms_norm, x_dtype))
+        with torch.enable_grad():  # a backward runs without grad mode
+            xf = x.detach().float().requires_grad_()
+            wf = weight.detach().float().requires_grad_()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * wf
+            dx, dw = torch.autograd.grad(y, (xf, wf), dy.float())
+        return dx.to(x_dtype), dw, None, None
+
+    return type("Ops", (), {"layer_norm_fwd": staticmethod(fwd), "layer_norm_bwd": staticmethod(bwd)})
+
+
+def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(monkeypatch):
+    # On the fused path under autocast the norm hands the matmul what autocast's cast would have (the fp32
+    # output rounded once to bf16) and takes the bf16 gradient as the cast's backward would (exactly):
+    # the matmul's output and every gradient equal those of the unflagged norm, bit for bit.
+    from dormouse.model import fla_kernels, norm
+
+    calls = []
+    ops = stand_in_ops(calls)
+
+    def rms_norm(x, weight, bias, eps):  # fla's rms_norm: the same kernel, the input's dtype out
+        return ops.layer_norm_fwd(x.reshape(-1, x.shape[-1]), weight, bias, eps)[0].view(x.shape)
+
+    monkeypatch.setattr(fla_kernels, "layer_norm_ops", lambda: (ops, ""))
+    monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (rms_norm, ""))
+    monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device: "fused")
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 3, 8, generator=gen)
+    w0 = 1 + 0.1 * torch.randn(8, generator=gen)
+    lin = torch.randn(5, 8, generator=gen)
+    results = []
+    for flagged in (True, False):
+        n = RMSNorm(8, eps=1e-6)
+        n.feeds_one_matmul = flagged
+        with torch.no_grad():
+            n.weight.copy_(w0)
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = n(x)
+            out = torch.nn.functional.linear(h, lin)
+        assert h.dtype == (torch.bfloat16 if flagged else torch.float32)
+        out.float().square().sum().backward()
+        results.append((out, x.grad, n.weight.grad))
+    assert calls[:2] == [("fwd", (6, 8), torch.bfloat16, True), ("bwd", torch.bfloat16, True, torch.float32)]
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_block_flags_the_norms_that_feed_one_matmul():
+    def flags(**model):
+        cfg = config.resolve(config.build("nano", {"model": model}), cuda_available=False)
+        return {(l.mixer_norm.feeds_one_matmul, l.ffn_norm.feeds_one_matmul) for l in DormouseLM(cfg.model).layers}
+
+    assert flags() == {(True, True)}
+    assert flags(n_experts=2) == {(True, False)}  # the experts accumulate in the input's dtype
+    assert flags(mixer="attention") == {(False, True)}  # attention's three Linears read it

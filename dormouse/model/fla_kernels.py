@@ -85,13 +85,15 @@ def pin_note() -> str:
 
 @functools.cache
 def _import(module: str, name: str) -> tuple[Callable | None, str]:
-    """`module.name` from fla, imported after the pin is set, or None and why it could not be imported."""
+    """`module.name` from fla (the module itself for name ""), imported after the pin is set, or None and
+    why it could not be imported."""
     global import_s
     pin_note()
     started = time.monotonic()
     try:
         shell_packages(SHELLED, version_of={"fla": "fla-core"})
-        found = getattr(importlib.import_module(module), name)
+        found = importlib.import_module(module)
+        found = getattr(found, name) if name else found
     except (ImportError, AttributeError) as err:  # AttributeError: an fla release without that name
         return None, f"{type(err).__name__}: {err}"
     finally:
@@ -167,6 +169,13 @@ def rms_norm() -> tuple[Callable | None, str]:
 
 
 @functools.cache
+def layer_norm_ops() -> tuple[object | None, str]:
+    """fla's layer-norm module (`layer_norm_fwd`, `layer_norm_bwd`: the kernels behind `rms_norm`, with the
+    output dtype a parameter), or None and why not."""
+    return _import("fla.modules.norm.layernorm", "")
+
+
+@functools.cache
 def causal_conv1d() -> tuple[Callable | None, str]:
     """fla's causal depthwise conv over [B, T, D] (a Triton kernel with its own backward, activation fused),
     or None and why not. Opaque to torch.compile (see `_opaque`)."""
@@ -177,7 +186,7 @@ def causal_conv1d() -> tuple[Callable | None, str]:
 def swiglu() -> tuple[object | None, str]:
     """fla's activation kernels module (`swiglu_fwd_kernel`, `swiglu_fwdbwd_kernel`, `prepare_input`), or None
     and why not. dormouse launches the kernels itself (model/swiglu.py), behind torch.compiler.disable."""
-    return _import("fla.modules.activations", "ops")
+    return _import("fla.modules.activations.ops", "")
 
 
 def _opaque(fn: Callable | None, why: str) -> tuple[Callable | None, str]:

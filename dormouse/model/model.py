@@ -107,6 +107,10 @@ class Layer(nn.Module):
             )
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.ffn = make_ffn(d, cfg.ffn_hidden, cfg.n_experts, cfg.experts_top_k, gen, dense=cfg.experts_dense)
+        # Read by one matmul alone: KDA's packed projections, the dense SwiGLU's (not attention's three
+        # Linears, whose three gradients autocast sums in fp32; not the experts' fp32 accumulation).
+        self.mixer_norm.feeds_one_matmul = mixer == "kda"
+        self.ffn_norm.feeds_one_matmul = cfg.n_experts == 1
 
     def forward(self, x, cache=None, *, step: bool = False, want_cache: bool = False, drop=keep_all):
         """x [B,T,d] (or [B,d] with step=True) -> (delta, aux, cache or None). `drop` is applied to the

@@ -5,6 +5,12 @@ Two paths compute the same function: `plain` (torch's F.rms_norm in fp32, any de
 `fused_or_plain`'s policy per call on the input's device (auto: fused on CUDA, plain elsewhere); the model sets the
 configured name on every RMSNorm it owns (`set_norm_backend`), and every call is counted in
 counters.NORM so the eval line's `norm=<fused>/<calls>` says which path ran.
+
+A norm whose output feeds one matmul and nothing else (`feeds_one_matmul`: the block layers' pre-norms
+of a KDA mixer and of a dense SwiGLU) writes it, on the fused path under autocast, in autocast's dtype:
+the matmul would cast it to that dtype anyway (one rounding of the same fp32 value) and cast its
+gradient back to fp32 (exact), so the values are the same and two [B, T, d] passes a call are saved
+(docs/performance.md).
 """
 
 import torch
@@ -40,6 +46,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.backend = "auto"  # as asked for (NORM_BACKENDS); resolved per call on the input's device
+        self.feeds_one_matmul = False  # set by the owner whose one matmul alone reads the output
         self.weight = nn.Parameter(torch.ones(dim))
 
     def reset_parameters(self) -> None:
@@ -50,6 +57,8 @@ class RMSNorm(nn.Module):
         fused = resolve_norm_backend(self.backend, x.device) == "fused"
         counters.NORM.record(fused=fused)
         if fused:
+            if self.feeds_one_matmul and torch.is_autocast_enabled(x.device.type):
+                return _RMSNormTo.apply(x, self.weight, self.eps, torch.get_autocast_dtype(x.device.type))
             fn, _ = fla_kernels.rms_norm()
             # fla normalises in fp32 and returns the input dtype, as the plain path below does.
             return fn(x, self.weight, None, eps=self.eps)
@@ -57,6 +66,28 @@ class RMSNorm(nn.Module):
         dtype = torch.promote_types(x.dtype, torch.float32)
         y = F.rms_norm(x.to(dtype), (x.shape[-1],), self.weight.to(dtype), self.eps)
         return y.to(x.dtype)
+
+
+class _RMSNormTo(torch.autograd.Function):
+    """fla's RMSNorm kernels (fp32 inside) with the output written in `out_dtype` and the gradient read in
+    whatever dtype it arrives: fla's own LayerNormFunction, less its residual and groups, plus out_dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        ops = fla_kernels.layer_norm_ops()[0]
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        y, _, rstd, _ = ops.layer_norm_fwd(rows, weight, None, eps, out_dtype=out_dtype, is_rms_norm=True)
+        ctx.save_for_backward(rows, weight, rstd)
+        ctx.x_shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        ops = fla_kernels.layer_norm_ops()[0]
+        rows, weight, rstd = ctx.saved_tensors
+        dy = dy.reshape(rows.shape).contiguous()
+        dx, dw, _, _ = ops.layer_norm_bwd(dy, rows, weight, None, rstd=rstd, is_rms_norm=True, x_dtype=rows.dtype)
+        return dx.view(ctx.x_shape), dw, None, None
 
 
 def set_norm_backend(module: nn.Module, backend: str) -> None:

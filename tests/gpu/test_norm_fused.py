@@ -66,3 +66,46 @@ def test_model_on_cuda_runs_every_norm_fused():
     counters.NORM.reset()
     model(ids, targets=ids).loss.backward()
     assert counters.NORM.calls > 0 and counters.NORM.fused == counters.NORM.calls
+
+
+@pytest.mark.parametrize("shape", [(64, 512, 512), (3, 7, 96)], ids=["small-b64", "ragged"])
+def test_a_norm_feeding_one_matmul_changes_no_bit(shape):
+    # Under bf16 autocast the flagged norm writes bf16 itself and reads the matmul's bf16 gradient: the
+    # matmul's output and the input's and weight's gradients equal the unflagged norm's bit for bit.
+    gen = rng.generator(0, 2, "test")
+    x0 = (3 * torch.randn(*shape, generator=gen)).cuda()
+    w0 = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).cuda()
+    lin = torch.randn(4 * shape[-1], shape[-1], generator=gen).cuda()
+    results = []
+    for flagged in (True, False):
+        norm = RMSNorm(shape[-1], eps=1e-6).cuda()
+        norm.backend, norm.feeds_one_matmul = "fused", flagged
+        with torch.no_grad():
+            norm.weight.copy_(w0)
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = norm(x)
+            out = torch.nn.functional.linear(h, lin)
+        assert h.dtype == (torch.bfloat16 if flagged else torch.float32)
+        out.float().square().mean().backward()
+        results.append((out, x.grad, norm.weight.grad))
+    for name, a, b in zip(("output", "d input", "d weight"), *results, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_the_model_step_is_the_same_with_the_flags_off():
+    cfg = resolve(build("nano"), cuda_available=True)
+    ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
+    results = []
+    for flags in (True, False):
+        model = DormouseLM(cfg.model, seed=0).cuda()
+        if not flags:
+            for layer in model.layers:
+                layer.mixer_norm.feeds_one_matmul = layer.ffn_norm.feeds_one_matmul = False
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, targets=ids).loss
+        loss.backward()
+        grads = [p.grad.to_dense() for p in model.parameters() if p.grad is not None]
+        results.append((loss.detach(), grads))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
