@@ -2,9 +2,10 @@
 
 The CUDA step of `small` spends about a third of its GPU time in torch's elementwise and copy kernels
 (docs/performance.md, session 14's B 64 profile), which a replayed CUDA graph does not attribute to ops.
-This runs one forward and backward on the CPU under bf16 autocast with fla's three kernels (chunk_kda,
-rms_norm, causal_conv1d) replaced by opaque stand-ins of the same signature, so the dormouse-side ops
-are the CUDA path's (the in-kernel KDA prep, the fused conv and norm), and lists every aten op the
+This runs one forward and backward on the CPU under bf16 autocast with fla's kernels (chunk_kda,
+rms_norm and its layer-norm functions, causal_conv1d, the SwiGLU kernels) replaced by opaque stand-ins of
+the same signature, so the dormouse-side ops are the CUDA path's (the in-kernel KDA prep, the fused conv,
+norm and SwiGLU), and lists every aten op the
 step dispatches outside the stand-ins: its count, output shape and dtypes, and the bytes it moves
 (inputs read plus output written), grouped by op, shapes and dtypes, largest first. It does not time
 anything: it predicts which ops a GPU profile will show, and how many bytes each group moves.
@@ -44,7 +45,8 @@ class Inventory(TorchDispatchMode):
         is_view = func.overloadpacket.__name__ == "_unsafe_view" or (
             bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
         )
-        moved = 0 if is_view else sum(t.numel() * t.element_size() for t in ins + outs)
+        allocates = func.overloadpacket.__name__ in ("empty", "empty_like", "empty_strided")  # writes nothing
+        moved = 0 if is_view or allocates else sum(t.numel() * t.element_size() for t in ins + outs)
         key = (
             str(func.overloadpacket.__name__),
             " ".join(str(list(o.shape)) for o in outs),
@@ -101,18 +103,49 @@ def fla_standins(mode: Inventory):
     def causal_conv1d(x, weight, activation=None):
         return Stand.apply(x.contiguous(), x, weight), None  # fla's y is contiguous [B, T, D]
 
-    saved = (fla_kernels.chunk_kda, fla_kernels.rms_norm, fla_kernels.causal_conv1d, fused_or_plain.resolve)
-    saved_kda = kda.resolve_kda_backend
-    fla_kernels.chunk_kda = lambda: (_opaque(mode, chunk_kda), "")
-    fla_kernels.rms_norm = lambda: (_opaque(mode, rms_norm), "")
-    fla_kernels.causal_conv1d = lambda: (_opaque(mode, causal_conv1d), "")
+    class LayerNormOps:  # fla's layer_norm_fwd / layer_norm_bwd (no bias, no residual): shapes, no maths
+        @staticmethod
+        def layer_norm_fwd(x, weight, bias, eps, out_dtype=None, is_rms_norm=False):
+            rstd = torch.zeros(x.shape[0])
+            return torch.zeros(x.shape, dtype=out_dtype or x.dtype), None, rstd, x
+
+        @staticmethod
+        def layer_norm_bwd(dy, x, weight, bias, rstd=None, is_rms_norm=False, x_dtype=None):
+            return torch.zeros(x.shape, dtype=x_dtype), torch.zeros_like(weight), None, None
+
+    class Launch:  # a Triton kernel `kernel[grid](**args)` writing its preallocated outputs: nothing here
+        def __getitem__(self, grid):
+            return lambda **args: None
+
+    class SwigluOps:
+        swiglu_fwd_kernel = swiglu_fwdbwd_kernel = Launch()
+
+        @staticmethod
+        def prepare_input(x):
+            return x, x.stride(-2)
+
+    norm_ops = LayerNormOps()
+    for name in ("layer_norm_fwd", "layer_norm_bwd"):
+        setattr(norm_ops, name, _opaque(mode, getattr(LayerNormOps, name)))
+    accessors = {
+        "chunk_kda": lambda: (_opaque(mode, chunk_kda), ""),
+        "rms_norm": lambda: (_opaque(mode, rms_norm), ""),
+        "layer_norm_ops": lambda: (norm_ops, ""),
+        "causal_conv1d": lambda: (_opaque(mode, causal_conv1d), ""),
+        "swiglu": lambda: (SwigluOps, ""),
+    }
+    saved = {name: getattr(fla_kernels, name) for name in accessors}
+    saved_resolve, saved_kda = fused_or_plain.resolve, kda.resolve_kda_backend
+    for name, accessor in accessors.items():
+        setattr(fla_kernels, name, accessor)
     fused_or_plain.resolve = lambda requested, device, **_: "fused"
     kda.resolve_kda_backend = lambda requested, device: "fla"
     try:
         yield
     finally:
-        fla_kernels.chunk_kda, fla_kernels.rms_norm, fla_kernels.causal_conv1d, fused_or_plain.resolve = saved
-        kda.resolve_kda_backend = saved_kda
+        for name, accessor in saved.items():
+            setattr(fla_kernels, name, accessor)
+        fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
 
 
 def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None) -> Inventory:

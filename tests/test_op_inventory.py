@@ -22,6 +22,11 @@ def test_the_fused_paths_run_and_the_stand_ins_hide_fla_s_work():
     ops = {op for op, _, _ in found}
     # The chunked KDA (the CPU path) would solve triangular systems; torch's conv and rms_norm would run.
     assert not ops & {"linalg_solve_triangular", "convolution", "_fused_rms_norm", "rms_norm"}
+    # fla's SwiGLU kernels: no silu, no split of the packed gate-up projection, so no cat of its gradient.
+    assert not ops & {"silu", "silu_backward"} and ("cat", f"[{B}, {T}, 768]", "bf16,bf16->bf16") not in found
+    # The pre-norms hand their matmuls bf16: the [B, T, d] casts to bf16 left are the final norm's for the
+    # head and, 3 per mixer application, the residual adds' backward casting gradients to a bf16 operand.
+    assert found[("_to_copy", f"[{B}, {T}, 128]", "f32->bf16")][0] == 1 + 4 * 3
     # One gradient of the KDA layer's fused projection per application: q, k, v 3 x 128, f_a 32, b 4, g_a 32.
     grad = ("cat", f"[{B}, {T}, 452]", "bf16,bf16,bf16,bf16,bf16,bf16->bf16")
     assert found[grad] == (4, 4 * (B * T * 452 * 2) * 2)  # each call reads the parts and writes the whole
