@@ -3,12 +3,12 @@
 The CUDA step of `small` spends about a third of its GPU time in torch's elementwise and copy kernels
 (docs/performance.md, session 14's B 64 profile), which a replayed CUDA graph does not attribute to ops.
 This runs one forward and backward on the CPU under bf16 autocast with fla's kernels (chunk_kda,
-rms_norm and its layer-norm functions, causal_conv1d, the SwiGLU kernels) replaced by opaque stand-ins of
-the same signature, so the dormouse-side ops are the CUDA path's (the in-kernel KDA prep, the fused conv,
-norm and SwiGLU), and lists every aten op the
-step dispatches outside the stand-ins: its count, output shape and dtypes, and the bytes it moves
-(inputs read plus output written), grouped by op, shapes and dtypes, largest first. It does not time
-anything: it predicts which ops a GPU profile will show, and how many bytes each group moves.
+rms_norm, rms_norm_gated and the layer-norm functions, causal_conv1d, the SwiGLU kernels) replaced by
+opaque stand-ins of the same signature, so the dormouse-side ops are the CUDA path's (the in-kernel KDA
+prep, the fused conv, norms and SwiGLU), and lists every aten op the step dispatches outside the
+stand-ins: its count, output shape and dtypes, and the bytes it moves (inputs read plus output written),
+grouped by op, shapes and dtypes, largest first. It does not time anything: it predicts which ops a
+GPU profile will show, and how many bytes each group moves.
 
     python benches/op_inventory.py --preset small --batch-size 64 --seq-len 512 [--rows 40]
 """
@@ -100,6 +100,9 @@ def fla_standins(mode: Inventory):
     def rms_norm(x, weight, bias, eps=1e-6):
         return Stand.apply(x, x, weight)
 
+    def rms_norm_gated(x, g, weight, bias, activation="swish", eps=1e-6):
+        return Stand.apply(x, x, g, weight)
+
     def causal_conv1d(x, weight, activation=None):
         return Stand.apply(x.contiguous(), x, weight), None  # fla's y is contiguous [B, T, D]
 
@@ -130,6 +133,7 @@ def fla_standins(mode: Inventory):
     accessors = {
         "chunk_kda": lambda: (_opaque(mode, chunk_kda), ""),
         "rms_norm": lambda: (_opaque(mode, rms_norm), ""),
+        "rms_norm_gated": lambda: (_opaque(mode, rms_norm_gated), ""),
         "layer_norm_ops": lambda: (norm_ops, ""),
         "causal_conv1d": lambda: (_opaque(mode, causal_conv1d), ""),
         "swiglu": lambda: (SwigluOps, ""),

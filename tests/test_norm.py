@@ -68,7 +68,9 @@ def stand_in_ops(calls):
 def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(monkeypatch):
     # On the fused path under autocast the norm hands the matmul what autocast's cast would have (the fp32
     # output rounded once to bf16) and takes the bf16 gradient as the cast's backward would (exactly):
-    # the matmul's output and every gradient equal those of the unflagged norm, bit for bit.
+    # with kernels whose arithmetic ignores the output dtype (these stand-ins) the matmul's output and
+    # every gradient equal the unflagged norm's bit for bit. fla's own kernels pick their block shapes by
+    # dtype, so on the GPU the bits may differ by a rounding (tests/gpu/test_norm_fused.py).
     from dormouse.model import fla_kernels, norm
 
     calls = []
@@ -110,3 +112,35 @@ def test_the_block_flags_the_norms_that_feed_one_matmul():
     assert flags() == {(True, True)}
     assert flags(n_experts=2) == {(True, False)}  # the experts accumulate in the input's dtype
     assert flags(mixer="attention") == {(False, True)}  # attention's three Linears read it
+
+
+def test_the_gated_norm_runs_fla_s_gated_kernel_on_the_fused_path(monkeypatch):
+    # The fused GatedRMSNorm is one call of fla's rms_norm_gated with the sigmoid activation and the
+    # norm's own weight and eps (a float64 stand-in here), counted once; the fused refusal is the norm's.
+    from dormouse.model import fla_kernels, norm
+
+    calls = []
+
+    def rms_norm_gated(x, g, weight, bias, activation="swish", eps=1e-6):
+        calls.append((activation, bias, eps))
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight * torch.sigmoid(g)
+
+    gated = norm.GatedRMSNorm(4, eps=1e-5).double()
+    with torch.no_grad():
+        gated.norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
+    x = torch.tensor([[3.0, -4.0, 0.0, 1.0]], dtype=torch.float64)
+    gate = torch.tensor([[0.0, 1.0, -2.0, 3.0]], dtype=torch.float64)
+    gated.norm.backend = "fused"
+    with pytest.raises(ledger.FallbackRefused, match="--norm-backend plain"):
+        gated(x, gate)  # on the CPU: refused at norm.fused_unavailable
+    monkeypatch.setattr(fla_kernels, "rms_norm_gated", lambda: (rms_norm_gated, ""))
+    monkeypatch.setattr(norm, "resolve_gated_backend", lambda requested, device: "fused")
+    counters.NORM.reset()
+    y = gated(x, gate)
+    assert calls == [("sigmoid", None, 1e-5)] and (counters.NORM.fused, counters.NORM.calls) == (1, 1)
+    rms = (26.0 / 4 + 1e-5) ** 0.5  # squares 9 + 16 + 0 + 1
+    sig = 1 / (1 + torch.exp(-gate[0]))
+    expected = torch.tensor([3.0, -8.0, 0.0, -1.0], dtype=torch.float64) / rms * sig
+    assert torch.allclose(y[0], expected, rtol=0, atol=1e-15)
+    gated.norm.backend = "plain"  # the torch path gives the same function
+    assert torch.allclose(gated(x, gate)[0], expected, rtol=0, atol=1e-15)

@@ -22,6 +22,8 @@ def test_the_fused_paths_run_and_the_stand_ins_hide_fla_s_work():
     ops = {op for op, _, _ in found}
     # The chunked KDA (the CPU path) would solve triangular systems; torch's conv and rms_norm would run.
     assert not ops & {"linalg_solve_triangular", "convolution", "_fused_rms_norm", "rms_norm"}
+    # fla's gated output norm: no sigmoid of the gate, no sigmoid backward.
+    assert not ops & {"sigmoid", "sigmoid_backward"}
     # fla's SwiGLU kernels: no silu, no split of the packed gate-up projection, so no cat of its gradient.
     assert not ops & {"silu", "silu_backward"} and ("cat", f"[{B}, {T}, 768]", "bf16,bf16->bf16") not in found
     # The pre-norms hand their matmuls bf16: the [B, T, d] casts to bf16 left are the final norm's for the

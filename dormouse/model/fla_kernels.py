@@ -176,6 +176,13 @@ def layer_norm_ops() -> tuple[object | None, str]:
 
 
 @functools.cache
+def rms_norm_gated() -> tuple[Callable | None, str]:
+    """fla's RMSNorm times an activation of a gate (`rms_norm_gated(x, g, weight, bias, activation=...)`:
+    one Triton kernel each way, fp32 inside), or None and why not. Opaque to torch.compile (see `_opaque`)."""
+    return _opaque(*_import("fla.modules.norm.fused_norm_gate", "rms_norm_gated"))
+
+
+@functools.cache
 def causal_conv1d() -> tuple[Callable | None, str]:
     """fla's causal depthwise conv over [B, T, D] (a Triton kernel with its own backward, activation fused),
     or None and why not. Opaque to torch.compile (see `_opaque`)."""

@@ -8,9 +8,12 @@ counters.NORM so the eval line's `norm=<fused>/<calls>` says which path ran.
 
 A norm whose output feeds one matmul and nothing else (`feeds_one_matmul`: the block layers' pre-norms
 of a KDA mixer and of a dense SwiGLU) writes it, on the fused path under autocast, in autocast's dtype:
-the matmul would cast it to that dtype anyway (one rounding of the same fp32 value) and cast its
-gradient back to fp32 (exact), so the values are the same and two [B, T, d] passes a call are saved
-(docs/performance.md).
+the matmul would cast it to that dtype anyway (one rounding of an fp32 value) and cast its gradient
+back to fp32 (exact), so the arithmetic is the same and two [B, T, d] passes a call are saved
+(docs/performance.md). Not the same bits on the H200: fla's autotuner keys its kernel choice on the
+dtypes, and another block shape sums a row's squares in another order, so an output can differ by one
+bf16 rounding and the gradients by what follows from it (tests/gpu/test_norm_fused.py measures it;
+session 15's GPU log showed it).
 """
 
 import torch
@@ -99,8 +102,27 @@ def set_norm_backend(module: nn.Module, backend: str) -> None:
             m.backend = backend
 
 
+def resolve_gated_backend(requested: str, device: torch.device | str) -> str:
+    """The path GatedRMSNorm runs for `requested` (its RMSNorm's backend) on `device`: "fused" or "plain"."""
+    return fused_or_plain.resolve(
+        requested,
+        device,
+        flag="--norm-backend",
+        site=FUSED_UNAVAILABLE,
+        kernel=fla_kernels.rms_norm_gated,  # looked up per call: the tests stand in for it
+        needs="fla.modules.norm.fused_norm_gate.rms_norm_gated",
+    )
+
+
 class GatedRMSNorm(nn.Module):
-    """`RMSNorm(x) * sigmoid(gate)`: fla's FusedRMSNormGated with activation="sigmoid"."""
+    """`RMSNorm(x) * sigmoid(gate)`, fla's FusedRMSNormGated with activation="sigmoid".
+
+    The fused path is fla's rms_norm_gated: norm, sigmoid and product in one kernel each way, in fp32,
+    rounded once to x's dtype. The plain path rounds the norm and the sigmoid to x's dtype before their
+    product; in bf16 the two differ by roundings. On the H200 the fused path replaced a [B, T, d] sigmoid,
+    its backward and three products per KDA layer application (docs/performance.md). One call of either
+    counts once in counters.NORM.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -110,4 +132,9 @@ class GatedRMSNorm(nn.Module):
         self.norm.reset_parameters()
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return self.norm(x) * torch.sigmoid(gate).to(x.dtype)
+        norm = self.norm
+        if resolve_gated_backend(norm.backend, x.device) == "fused":
+            counters.NORM.record(fused=True)
+            fn, _ = fla_kernels.rms_norm_gated()
+            return fn(x, gate, norm.weight, None, activation="sigmoid", eps=norm.eps)
+        return norm(x) * torch.sigmoid(gate).to(x.dtype)

@@ -20,13 +20,15 @@ if fla_kernels.rms_norm()[0] is None:
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
-from dormouse.model.norm import RMSNorm  # noqa: E402
+from dormouse.model.norm import GatedRMSNorm, RMSNorm  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2.0**-8, 1e-2)}  # (output, gradients)
 
 
 def rel(x, ref):
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+    """max|x - ref| / max|ref| (max|x - ref| where ref is all zeros)."""
+    d, scale = (x.double() - ref.double()).abs().max(), ref.double().abs().max()
+    return (d / scale if scale > 0 else d).item()
 
 
 def run(backend, x, w, dy):
@@ -68,10 +70,15 @@ def test_model_on_cuda_runs_every_norm_fused():
     assert counters.NORM.calls > 0 and counters.NORM.fused == counters.NORM.calls
 
 
+# A norm feeding one matmul (RMSNorm.feeds_one_matmul) writes bf16 itself where autocast would cast its
+# fp32 output: the same arithmetic, not the same bits here (fla's autotuner keys its choice on the
+# dtypes, and another block shape reduces a row in another order; session 15's log: not torch.equal).
+# Bounded by one bf16 rounding of the output and what follows from it.
+FLAGGED_TOL = {"output": 2.0**-7, "d input": 1e-2, "d weight": 1e-2}
+
+
 @pytest.mark.parametrize("shape", [(64, 512, 512), (3, 7, 96)], ids=["small-b64", "ragged"])
-def test_a_norm_feeding_one_matmul_changes_no_bit(shape):
-    # Under bf16 autocast the flagged norm writes bf16 itself and reads the matmul's bf16 gradient: the
-    # matmul's output and the input's and weight's gradients equal the unflagged norm's bit for bit.
+def test_a_norm_feeding_one_matmul_changes_values_by_one_rounding(shape):
     gen = rng.generator(0, 2, "test")
     x0 = (3 * torch.randn(*shape, generator=gen)).cuda()
     w0 = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).cuda()
@@ -89,11 +96,12 @@ def test_a_norm_feeding_one_matmul_changes_no_bit(shape):
         assert h.dtype == (torch.bfloat16 if flagged else torch.float32)
         out.float().square().mean().backward()
         results.append((out, x.grad, norm.weight.grad))
-    for name, a, b in zip(("output", "d input", "d weight"), *results, strict=True):
-        assert torch.equal(a, b), name
+    measured = {name: rel(a, b) for name, a, b in zip(FLAGGED_TOL, *results, strict=True)}
+    print("flagged vs unflagged, max|d|/max|ref|:", measured)
+    assert all(measured[name] <= tol for name, tol in FLAGGED_TOL.items()), measured
 
 
-def test_the_model_step_is_the_same_with_the_flags_off():
+def test_the_model_step_with_the_flags_off_differs_by_roundings():
     cfg = resolve(build("nano"), cuda_available=True)
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
     results = []
@@ -107,5 +115,40 @@ def test_the_model_step_is_the_same_with_the_flags_off():
         loss.backward()
         grads = [p.grad.to_dense() for p in model.parameters() if p.grad is not None]
         results.append((loss.detach(), grads))
-    assert torch.equal(results[0][0], results[1][0])
-    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+    loss_rel = rel(results[0][0], results[1][0])
+    grad_rel = max(rel(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+    print(f"flags on vs off: loss {loss_rel:.3g}, worst gradient {grad_rel:.3g} (max|d|/max|ref|)")
+    assert loss_rel <= 1e-3 and grad_rel <= 5e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(4, 128, 8, 64), (3, 7, 2, 64)], ids=["heads", "ragged"])
+def test_the_fused_gated_norm_against_float64(dtype, shape):
+    # GatedRMSNorm's fused path (fla's rms_norm_gated, sigmoid) against the formula in float64 on the
+    # same inputs: within the output's one rounding, gradients as test_fused_equals_plain's.
+    gen = rng.generator(0, 3, "test")
+    x0 = (3 * torch.randn(*shape, generator=gen)).to(dtype).cuda()
+    g0 = (2 * torch.randn(*shape, generator=gen)).to(dtype).cuda()
+    w0 = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).cuda()
+    dy = torch.randn(*shape, generator=gen).to(dtype).cuda()
+    gated = GatedRMSNorm(shape[-1], eps=1e-6).cuda()
+    gated.norm.backend = "fused"
+    with torch.no_grad():
+        gated.norm.weight.copy_(w0)
+    x, g = x0.clone().requires_grad_(), g0.clone().requires_grad_()
+    counters.NORM.reset()
+    y = gated(x, g)
+    y.backward(dy)
+    assert (counters.NORM.fused, counters.NORM.calls) == (1, 1) and y.dtype == dtype
+    xr, gr, wr = (t.detach().double().requires_grad_() for t in (x0, g0, w0))
+    ref = xr * torch.rsqrt(xr.square().mean(-1, keepdim=True) + 1e-6) * wr * torch.sigmoid(gr)
+    ref.backward(dy.double())
+    out_tol, grad_tol = TOL[dtype]
+    measured = {
+        "output": rel(y.detach(), ref.detach()),
+        "d input": rel(x.grad, xr.grad),
+        "d gate": rel(g.grad, gr.grad),
+        "d weight": rel(gated.norm.weight.grad, wr.grad),
+    }
+    print("fused gated norm vs float64, max|d|/max|ref|:", measured)
+    assert measured["output"] <= out_tol and max(measured[k] for k in ("d input", "d gate", "d weight")) <= grad_tol
