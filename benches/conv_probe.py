@@ -14,8 +14,8 @@ import importlib
 
 import torch
 import triton
+import triton.language as tl
 import triton.testing
-from triton.runtime.jit import JITFunction
 
 from dormouse.model import fla_kernels, short_conv_kernels
 
@@ -23,7 +23,8 @@ COPY_TBPS = 4.2  # H200 copy rate measured in this workplace (shared/gpu): bytes
 
 
 def median_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median")
+    """Median ms of `fn` replayed in a CUDA graph: no launch overhead, as in the model's graphed step."""
+    return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
 
 
 def rel(x, ref) -> float:
@@ -41,11 +42,101 @@ def reference(x, w, dy):
     return y.detach(), xd.grad, wd.grad
 
 
-def jit_of(kernel):
-    """The JITFunction under fla's heuristics and autotuner wrappers."""
-    while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn
-    return kernel
+@triton.jit
+def stream_fwd_kernel(x, w, y, T, stride_x_b, stride_x_t, C: tl.constexpr, L: tl.constexpr, BD: tl.constexpr):
+    """A prototype, width 4 only: each program walks L rows of BD channels, the last 3 inputs in registers."""
+    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < C
+    w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
+    w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
+    w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
+    w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
+    p_x = x + i_b.to(tl.int64) * stride_x_b + o_d
+    p_y = y + i_b.to(tl.int64) * T * C + o_d
+    t0 = i_t * L
+    x1 = tl.load(p_x + (t0 - 3) * stride_x_t, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
+    x2 = tl.load(p_x + (t0 - 2) * stride_x_t, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
+    x3 = tl.load(p_x + (t0 - 1) * stride_x_t, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
+    for t in tl.range(t0, t0 + L, num_stages=3):
+        xt = tl.load(p_x + t * stride_x_t, mask=m_d & (t < T), other=0.0).to(tl.float32)
+        a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt
+        tl.store(p_y + t * C, (a * tl.sigmoid(a)).to(y.dtype.element_ty), mask=m_d & (t < T))
+        x1, x2, x3 = x2, x3, xt
+
+
+@triton.jit
+def stream_bwd_kernel(
+    x, w, dy, dx, dw, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr, L: tl.constexpr,
+    BD: tl.constexpr,
+):  # fmt: skip
+    """A prototype, width 4 only: walks rows t0 .. t0 + L + 2, writing dx[t - 3] once da[t] is known."""
+    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < C
+    w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
+    w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
+    w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
+    w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
+    p_x = x + i_b.to(tl.int64) * stride_x_b + o_d
+    p_dy = dy + i_b.to(tl.int64) * T * C + o_d
+    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + o_d
+    t0 = i_t * L
+    x1 = tl.load(p_x + (t0 - 3) * stride_x_t, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
+    x2 = tl.load(p_x + (t0 - 2) * stride_x_t, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
+    x3 = tl.load(p_x + (t0 - 1) * stride_x_t, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
+    d1 = tl.zeros((BD,), dtype=tl.float32)
+    d2 = tl.zeros((BD,), dtype=tl.float32)
+    d3 = tl.zeros((BD,), dtype=tl.float32)
+    g0 = tl.zeros((BD,), dtype=tl.float32)
+    g1 = tl.zeros((BD,), dtype=tl.float32)
+    g2 = tl.zeros((BD,), dtype=tl.float32)
+    g3 = tl.zeros((BD,), dtype=tl.float32)
+    for t in tl.range(t0, t0 + L + 3, num_stages=3):
+        m = m_d & (t < T)
+        xt = tl.load(p_x + t * stride_x_t, mask=m, other=0.0).to(tl.float32)
+        a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt
+        sig = tl.sigmoid(a)
+        da = tl.load(p_dy + t * C, mask=m, other=0.0).to(tl.float32) * sig * (1 + a * (1 - sig))
+        u = t - 3
+        tl.store(
+            p_dx + u * stride_dx_t,
+            (w0 * da + w1 * d1 + w2 * d2 + w3 * d3).to(dx.dtype.element_ty),
+            mask=m_d & (u >= t0) & (u < T),
+        )
+        own = tl.where(t < t0 + L, da, 0.0)
+        g0 += own * x1
+        g1 += own * x2
+        g2 += own * x3
+        g3 += own * xt
+        x1, x2, x3 = x2, x3, xt
+        d3, d2, d1 = d2, d1, da
+    p_dw = dw + (i_b * tl.num_programs(1) + i_t).to(tl.int64) * C * 4 + o_d * 4
+    tl.store(p_dw, g0, mask=m_d)
+    tl.store(p_dw + 1, g1, mask=m_d)
+    tl.store(p_dw + 2, g2, mask=m_d)
+    tl.store(p_dw + 3, g3, mask=m_d)
+
+
+def stream_forward(x, w, blocks):
+    B, T, C = x.shape
+    L, BD, num_warps = blocks
+    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(C, BD), triton.cdiv(T, L), B)
+    stream_fwd_kernel[grid](x, w, y, T, x.stride(0), x.stride(1), C=C, L=L, BD=BD, num_warps=num_warps)
+    return y
+
+
+def stream_backward(x, w, dy, dx, blocks):
+    B, T, C = x.shape
+    L, BD, num_warps = blocks
+    grid = (triton.cdiv(C, BD), triton.cdiv(T, L), B)
+    parts = torch.empty(B * grid[1], C, 4, dtype=torch.float32, device=x.device)
+    stream_bwd_kernel[grid](
+        x, w, dy, dx, parts, T, x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), C=C, L=L, BD=BD,
+        num_warps=num_warps,
+    )  # fmt: skip
+    return parts.sum(0)
 
 
 def main() -> None:
@@ -53,75 +144,70 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--channels", type=int, default=512)
-    ap.add_argument("--packed", type=int, default=1672, help="width of the tensor the input is a slice of")
+    ap.add_argument(
+        "--packed", default="1672,1680,0", help="widths of the tensor the input is a slice of (0: a contiguous input)"
+    )
     ap.add_argument("--width", type=int, default=4)
     args = ap.parse_args()
     B, T, C, W = args.batch, args.seq_len, args.channels, args.width
-    gen = torch.Generator().manual_seed(0)
-    packed = torch.randn(B, T, args.packed, generator=gen).to(torch.bfloat16).cuda()
-    x = packed[..., C : 2 * C]
-    w = (0.5 * torch.randn(C, W, generator=gen)).cuda()
-    dy = torch.randn(B, T, C, generator=gen).to(torch.bfloat16).cuda()
-    y_ref, dx_ref, dw_ref = reference(x, w, dy)
     n = B * T * C * 2  # bytes of one [B, T, C] bf16 tensor
     floor = {"fwd": 2 * n, "bwd": 3 * n}
-    print(f"shape [B {B}, T {T}, C {C}] bf16, width {W}, input a slice of [.., {args.packed}]")
     print(
-        f"floors at {COPY_TBPS} TB/s: fwd {2 * n / COPY_TBPS / 1e9 * 1e3:.1f} us (x in, y out), "
-        f"bwd {3 * n / COPY_TBPS / 1e9 * 1e3:.1f} us (x, dy in, dx out)"
+        f"[B {B}, T {T}, C {C}] bf16, width {W}; floors at {COPY_TBPS} TB/s: fwd {2 * n / COPY_TBPS / 1e6:.1f} us "
+        f"(x in, y out), bwd {3 * n / COPY_TBPS / 1e6:.1f} us (x, dy in, dx out); times: medians of CUDA-graph replays"
     )
-
-    # fla as the model called it: weight cast to the input's dtype, autograd Function, SiLU in the kernel.
     conv, _ = fla_kernels.causal_conv1d()
     ops = importlib.import_module("fla.modules.causal_conv1d.ops")
-    wb = w.to(torch.bfloat16)
-    xg = x.detach().clone().requires_grad_()  # contiguous copy only for the error check below
-    y_fla, _ = conv(xg, wb, activation="silu")
-    y_fla.backward(dy)
-    print(f"fla errors vs float64: y {rel(y_fla, y_ref):.2e}, dx {rel(xg.grad, dx_ref):.2e} (weight rounded to bf16)")
-    fwd_ms = median_ms(lambda: conv(x, wb, activation="silu"))
-    bwd_ms = median_ms(lambda: ops.causal_conv1d_bwd(x=x, dy=dy, dht=None, weight=wb, activation="silu"))
-    print(f"fla pinned: fwd {fwd_ms * 1e3:.1f} us, bwd {bwd_ms * 1e3:.1f} us (its bwd runs the fwd again)")
-
-    fwd_jit, bwd_jit = jit_of(ops.causal_conv1d_fwd_kernel), jit_of(ops.causal_conv1d_bwd_kernel)
-    NT = triton.cdiv(T, 64)
-    y_pre, _ = ops.causal_conv1d_fwd(x=x, weight=wb, bias=None, residual=None, activation=None)
-    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    dx = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    dw = torch.empty(B * NT, C, W, dtype=torch.float32, device=x.device)
-    for bd in (16, 32, 64, 128):
-        for nw in (4, 8, 16, 32):
-            common = dict(
-                x=x, weight=wb, initial_state=None, cu_seqlens=None, chunk_indices=None, B=B, T=T,
-                stride_x_n=x.stride(0), stride_x_t=x.stride(1), stride_x_d=1, D=C, W=W, BT=64,
-                BW=triton.next_power_of_2(W), ACTIVATION="silu", HAS_WEIGHT=True, HAS_BIAS=False,
-                USE_INITIAL_STATE=False, IS_VARLEN=False, BD=bd, num_warps=nw,
-            )  # fmt: skip
-            grid = (triton.cdiv(C, bd), NT, B)
-            fwd = functools.partial(fwd_jit[grid], y=y, bias=None, residual=None, HAS_RESIDUAL=False, **common)
-            bwd = functools.partial(
-                bwd_jit[grid], y=y_pre, dht=None, dy=dy, dx=dx, dw=dw, db=None, stride_dx_n=dx.stride(0),
-                stride_dx_t=dx.stride(1), stride_dx_d=1, stride_dy_n=dy.stride(0), stride_dy_t=dy.stride(1),
-                stride_dy_d=1, USE_FINAL_STATE=False, **common,
-            )  # fmt: skip
-            f, b = median_ms(fwd), median_ms(bwd)
-            print(f"fla kernels BD {bd:3d} warps {nw:2d}: fwd {f * 1e3:6.1f} us, bwd kernel alone {b * 1e3:6.1f} us")
-
-    # dormouse's kernels: errors at the chosen blocks, then the sweep.
-    y = short_conv_kernels.forward(x, w)
-    dw = short_conv_kernels.backward(x, w, dy, dx)
-    print(f"dormouse errors vs float64: y {rel(y, y_ref):.2e}, dx {rel(dx, dx_ref):.2e}, dw {rel(dw, dw_ref):.2e}")
-    print(f"dormouse chosen: fwd {short_conv_kernels.FWD_BLOCKS}, bwd {short_conv_kernels.BWD_BLOCKS}")
-    for bt in (32, 64, 128):
-        for bd in (32, 64, 128):
-            for nw in (4, 8):
-                blocks = (bt, bd, nw)
-                f = median_ms(functools.partial(short_conv_kernels.forward, x, w, blocks))
-                b = median_ms(functools.partial(short_conv_kernels.backward, x, w, dy, dx, blocks))
-                print(
-                    f"dormouse BT {bt:3d} BD {bd:3d} warps {nw}: fwd {f * 1e3:6.1f} us "
-                    f"({floor['fwd'] / f / 1e9:.2f} TB/s), bwd {b * 1e3:6.1f} us ({floor['bwd'] / b / 1e9:.2f} TB/s)"
-                )
+    for width in (int(v) for v in args.packed.split(",")):
+        gen = torch.Generator().manual_seed(0)
+        packed = torch.randn(B, T, max(width, 2 * C), generator=gen).to(torch.bfloat16).cuda()
+        x = packed[..., C : 2 * C] if width else packed[..., C : 2 * C].contiguous()
+        w = (0.5 * torch.randn(C, W, generator=gen)).cuda()
+        dy = torch.randn(B, T, C, generator=gen).to(torch.bfloat16).cuda()
+        y_ref, dx_ref, dw_ref = reference(x, w, dy)
+        print(f"-- input: a slice of [.., {width}] (row stride {x.stride(1)})" if width else "-- input: contiguous")
+        # fla as the model calls it: weight cast to the input's dtype, SiLU in the kernel.
+        wb = w.to(torch.bfloat16)
+        xg = x.detach().clone().requires_grad_()
+        y_fla, _ = conv(xg, wb, activation="silu")
+        y_fla.backward(dy)
+        f = median_ms(functools.partial(conv, x, wb, activation="silu"))
+        b = median_ms(functools.partial(ops.causal_conv1d_bwd, x=x, dy=dy, dht=None, weight=wb, activation="silu"))
+        print(
+            f"fla pinned: fwd {f * 1e3:6.1f} us, bwd {b * 1e3:6.1f} us (a fwd again, then its bwd kernel); "
+            f"errors vs float64 y {rel(y_fla, y_ref):.1e}, dx {rel(xg.grad, dx_ref):.1e} (weight rounded to bf16)"
+        )
+        y = short_conv_kernels.forward(x, w)
+        dx = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+        dw = short_conv_kernels.backward(x, w, dy, dx)
+        print(f"dormouse errors vs float64: y {rel(y, y_ref):.1e}, dx {rel(dx, dx_ref):.1e}, dw {rel(dw, dw_ref):.1e}")
+        for blocks in ((32, 128, 4), (32, 64, 4), (64, 64, 4), (64, 32, 4), (32, 32, 4), (16, 128, 4), (64, 64, 8)):
+            f = median_ms(functools.partial(short_conv_kernels.forward, x, w, blocks))
+            b = median_ms(functools.partial(short_conv_kernels.backward, x, w, dy, dx, blocks))
+            print(
+                f"dormouse BT, BD, warps {blocks}: fwd {f * 1e3:6.1f} us ({floor['fwd'] / f / 1e9:.2f} TB/s), "
+                f"bwd {b * 1e3:6.1f} us ({floor['bwd'] / b / 1e9:.2f} TB/s)"
+            )
+        if W != 4:
+            continue
+        y = stream_forward(x, w, (64, 128, 1))
+        dw = stream_backward(x, w, dy, dx, (64, 128, 1))
+        print(f"streaming errors vs float64: y {rel(y, y_ref):.1e}, dx {rel(dx, dx_ref):.1e}, dw {rel(dw, dw_ref):.1e}")
+        for blocks in (
+            (64, 128, 1),
+            (64, 128, 2),
+            (64, 256, 2),
+            (32, 128, 1),
+            (128, 128, 1),
+            (64, 64, 1),
+            (16, 128, 1),
+        ):
+            f = median_ms(functools.partial(stream_forward, x, w, blocks))
+            b = median_ms(functools.partial(stream_backward, x, w, dy, dx, blocks))
+            print(
+                f"streaming L, BD, warps {blocks}: fwd {f * 1e3:6.1f} us ({floor['fwd'] / f / 1e9:.2f} TB/s), "
+                f"bwd {b * 1e3:6.1f} us ({floor['bwd'] / b / 1e9:.2f} TB/s)"
+            )
 
 
 if __name__ == "__main__":
