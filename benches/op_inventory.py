@@ -3,12 +3,12 @@
 The CUDA step of `small` spends about a third of its GPU time in torch's elementwise and copy kernels
 (docs/performance.md, session 14's B 64 profile), which a replayed CUDA graph does not attribute to ops.
 This runs one forward and backward on the CPU under bf16 autocast with fla's kernels (chunk_kda,
-rms_norm, rms_norm_gated and the layer-norm functions, causal_conv1d, the SwiGLU kernels) replaced by
-opaque stand-ins of the same signature, so the dormouse-side ops are the CUDA path's (the in-kernel KDA
-prep, the fused conv, norms and SwiGLU), and lists every aten op the step dispatches outside the
-stand-ins: its count, output shape and dtypes, and the bytes it moves (inputs read plus output written),
-grouped by op, shapes and dtypes, largest first. It does not time anything: it predicts which ops a
-GPU profile will show, and how many bytes each group moves.
+rms_norm, rms_norm_gated and the layer-norm functions, the SwiGLU kernels) and dormouse's short-conv
+kernels replaced by opaque stand-ins of the same signature, so the dormouse-side ops are the CUDA
+path's (the in-kernel KDA prep, the fused conv, norms and SwiGLU), and lists every aten op the step
+dispatches outside the stand-ins: its count, output shape and dtypes, and the bytes it moves (inputs read
+plus output written), grouped by op, shapes and dtypes, largest first. It does not time anything: it
+predicts which ops a GPU profile will show, and how many bytes each group moves.
 
     python benches/op_inventory.py --preset small --batch-size 64 --seq-len 512 [--rows 40]
 """
@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import fla_kernels, fused_or_plain, kda
+from dormouse.model import fla_kernels, fused_or_plain, kda, short_conv
 from dormouse.model.model import DormouseLM
 
 
@@ -103,9 +103,6 @@ def fla_standins(mode: Inventory):
     def rms_norm_gated(x, g, weight, bias, activation="swish", eps=1e-6):
         return Stand.apply(x, x, g, weight)
 
-    def causal_conv1d(x, weight, activation=None):
-        return Stand.apply(x.contiguous(), x, weight), None  # fla's y is contiguous [B, T, D]
-
     class LayerNormOps:  # fla's layer_norm_fwd / layer_norm_bwd (no bias, no residual): shapes, no maths
         @staticmethod
         def layer_norm_fwd(x, weight, bias, eps, out_dtype=None, is_rms_norm=False):
@@ -115,6 +112,10 @@ def fla_standins(mode: Inventory):
         @staticmethod
         def layer_norm_bwd(dy, x, weight, bias, rstd=None, is_rms_norm=False, x_dtype=None):
             return torch.zeros(x.shape, dtype=x_dtype), torch.zeros_like(weight), None, None
+
+    class ConvKernels:  # model/short_conv_kernels.py: y contiguous [B, T, C], dx written in place
+        forward = staticmethod(_opaque(mode, lambda x, weight: torch.zeros(x.shape, dtype=x.dtype)))
+        backward = staticmethod(_opaque(mode, lambda x, weight, dy, dx: torch.zeros_like(weight)))
 
     class Launch:  # a Triton kernel `kernel[grid](**args)` writing its preallocated outputs: nothing here
         def __getitem__(self, grid):
@@ -135,21 +136,22 @@ def fla_standins(mode: Inventory):
         "rms_norm": lambda: (_opaque(mode, rms_norm), ""),
         "rms_norm_gated": lambda: (_opaque(mode, rms_norm_gated), ""),
         "layer_norm_ops": lambda: (norm_ops, ""),
-        "causal_conv1d": lambda: (_opaque(mode, causal_conv1d), ""),
         "swiglu": lambda: (SwigluOps, ""),
     }
     saved = {name: getattr(fla_kernels, name) for name in accessors}
-    saved_resolve, saved_kda = fused_or_plain.resolve, kda.resolve_kda_backend
+    saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
     fused_or_plain.resolve = lambda requested, device, **_: "fused"
     kda.resolve_kda_backend = lambda requested, device: "fla"
+    short_conv.fused_kernels = lambda: (ConvKernels, "")
     try:
         yield
     finally:
         for name, accessor in saved.items():
             setattr(fla_kernels, name, accessor)
         fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
+        short_conv.fused_kernels = saved_conv
 
 
 def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None) -> Inventory:

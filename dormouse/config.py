@@ -85,8 +85,8 @@ class ModelConfig:
     )
     conv_backend: str = _f(
         "auto",
-        "KDA's short conv (+ SiLU) path; auto = fla's fused causal_conv1d on CUDA, torch's conv1d on CPU; "
-        "a decode step, which carries the conv's state, runs torch's",
+        "KDA's short conv (+ SiLU) path; auto = dormouse's fused Triton kernels on CUDA (conv_size <= 4), "
+        "torch's conv1d on CPU; a decode step, which carries the conv's state, runs torch's",
         choices=("auto", "fused", "plain"),
     )
     swiglu_backend: str = _f(
@@ -579,9 +579,10 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
 
         m.kda_backend = resolve_kda_backend(m.kda_backend, t.device)
         if m.short_conv:
-            from dormouse.model.short_conv import resolve_conv_backend  # raises through the ledger
+            from dormouse.model.short_conv import check_fused_width, resolve_conv_backend  # raise through the ledger
 
             m.conv_backend = resolve_conv_backend(m.conv_backend, t.device)
+            check_fused_width(m.conv_backend, m.conv_size)
     from dormouse.model.norm import resolve_norm_backend  # raises through the ledger
     from dormouse.model.swiglu import resolve_swiglu_backend  # raises through the ledger
 

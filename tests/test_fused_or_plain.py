@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from dormouse import ledger
-from dormouse.model import fla_kernels
+from dormouse.model import fla_kernels, short_conv
 from dormouse.model.norm import resolve_norm_backend
 from dormouse.model.short_conv import resolve_conv_backend
 from dormouse.model.swiglu import resolve_swiglu_backend
 
-OPS = [  # (resolve, fla_kernels' accessor, flag, ledger site)
-    (resolve_norm_backend, "rms_norm", "--norm-backend", "norm.fused_unavailable"),
-    (resolve_conv_backend, "causal_conv1d", "--conv-backend", "conv.fused_unavailable"),
-    (resolve_swiglu_backend, "swiglu", "--swiglu-backend", "swiglu.fused_unavailable"),
+OPS = [  # (resolve, (the module, the name) of its kernels' accessor, flag, ledger site)
+    (resolve_norm_backend, (fla_kernels, "rms_norm"), "--norm-backend", "norm.fused_unavailable"),
+    (resolve_conv_backend, (short_conv, "fused_kernels"), "--conv-backend", "conv.fused_unavailable"),
+    (resolve_swiglu_backend, (fla_kernels, "swiglu"), "--swiglu-backend", "swiglu.fused_unavailable"),
 ]
 IDS = ["norm", "conv", "swiglu"]
 
@@ -39,7 +39,7 @@ def test_fused_on_cpu_is_refused_through_the_ledger(resolve, accessor, flag, sit
 @pytest.mark.parametrize("resolve, accessor, flag, site", OPS, ids=IDS)
 def test_auto_on_cuda_without_fla_is_refused(resolve, accessor, flag, site, monkeypatch):
     # Only the device type and the import are consulted, so this runs without a GPU.
-    monkeypatch.setattr(fla_kernels, accessor, lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
+    monkeypatch.setattr(*accessor, lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
     for requested in ("auto", "fused"):
         with pytest.raises(ledger.FallbackRefused, match="install the extra `gpu`") as err:
             resolve(requested, torch.device("cuda"))

@@ -13,6 +13,13 @@ def test_docs_fallbacks_is_generated_from_the_ledger():
     )
 
 
+def test_the_modules_all_sites_skips_register_nothing():
+    # They import only where Triton is; a site registered there would be missing from the ledger on a CPU.
+    for name in ledger.TRITON_ONLY:
+        source = (ROOT / (name.replace(".", "/") + ".py")).read_text()
+        assert "ledger" not in source and "register(" not in source, name
+
+
 def test_every_site_has_a_kind_and_a_reason():
     sites = ledger.all_sites()
     assert sites, "the ledger is empty"

@@ -1,21 +1,22 @@
 """The KDA layer's short conv on the CPU: the plain path against a float64 loop, its carried state, the
-backend policy (fused refused here, loudly), and the fused path's wiring with a stand-in for fla's kernel.
+backend policy (fused refused here, loudly), and the fused path's wiring (one conv, and q, k, v as slices
+of one projection with one gradient) with a torch stand-in for dormouse's Triton kernels.
 
-The fused kernel's own numbers (equal to plain, output and gradients) are tests/gpu/test_conv_fused.py.
+The kernels' own numbers (against float64, output and gradients) are tests/gpu/test_conv_fused.py.
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from dormouse import config, counters, ledger
-from dormouse.model import fla_kernels, short_conv
+from dormouse.model import short_conv
 from dormouse.model.model import DormouseLM
 from dormouse.model.short_conv import ShortConv, set_conv_backend
 
 
 def loop_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """SiLU(y), y[b, t, c] = sum_j weight[c, j] · x[b, t - (W - 1) + j], zeros before the start: float64 loops.
-    fla documents its causal_conv1d (x [B, T, D], weight [D, W]) as this function."""
+    """SiLU(y), y[b, t, c] = sum_j weight[c, j] · x[b, t - (W - 1) + j], zeros before the start: float64 loops."""
     B, T, C = x.shape
     W = weight.shape[1]
     y = torch.zeros(B, T, C, dtype=torch.float64)
@@ -64,33 +65,91 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
     assert err.value.site == "conv.fused_unavailable"
 
 
-def test_the_fused_path_hands_fla_its_layout_and_keeps_the_tail(monkeypatch):
-    # A stand-in for fla's kernel (its documented function, computed by the float64 loop): the fused
-    # branch must pass [B, T, C] and the weight as [C, W], ask for the SiLU, and return the plain tail.
+class StandInKernels:
+    """model/short_conv_kernels.py's contract in torch, float64 inside: `forward` returns SiLU(conv(x)),
+    `backward` writes the input's gradient into `dx` and returns the weight's."""
+
     calls = []
 
-    def stand_in(x, weight, activation=None):
-        calls.append((tuple(x.shape), tuple(weight.shape), activation))
-        return loop_reference(x, weight).to(x.dtype), None
+    @staticmethod
+    def conv(x, weight):
+        W = weight.shape[1]
+        a = F.conv1d(F.pad(x.transpose(1, 2), (W - 1, 0)), weight[:, None], groups=weight.shape[0])
+        return F.silu(a).transpose(1, 2)
 
-    monkeypatch.setattr(fla_kernels, "causal_conv1d", lambda: (stand_in, ""))
-    monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
-    conv = make_conv()
-    x = torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(3))
+    @classmethod
+    def forward(cls, x, weight):
+        cls.calls.append(("forward", tuple(x.shape), x.stride(-1), tuple(weight.shape)))
+        return cls.conv(x.double(), weight.double()).to(x.dtype)
+
+    @classmethod
+    def backward(cls, x, weight, dy, dx):
+        cls.calls.append(("backward", tuple(x.shape), tuple(dx.stride())))
+        with torch.enable_grad():  # a backward runs without grad mode
+            xd, wd = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+            gx, gw = torch.autograd.grad(cls.conv(xd, wd), (xd, wd), dy.double())
+        dx.copy_(gx)
+        return gw.to(weight.dtype)
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """The fused path chosen on the CPU, its kernels the stand-in."""
+    StandInKernels.calls = []
+    monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
+    monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: requested)
+    return StandInKernels.calls
+
+
+def test_the_fused_path_hands_the_kernels_its_layout_and_keeps_the_tail(fused):
+    conv, plain_conv = make_conv().double(), make_conv().double()
+    conv.backend, plain_conv.backend = "fused", "plain"
+    x = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     counters.CONV.reset()
-    fused, fused_tail = conv(x, None)
-    plain_conv = make_conv()
-    plain_conv.backend = "plain"
-    monkeypatch.undo()
-    plain, plain_tail = plain_conv(x, None)
-    assert calls == [((2, 6, 3), (3, 4), "silu")]
-    assert torch.allclose(fused, plain, rtol=0, atol=1e-6) and torch.equal(fused_tail, plain_tail)
+    (y, y_tail), (ref, ref_tail) = conv(x, None), plain_conv(x, None)
+    assert fused == [("forward", (2, 6, 3), 1, (3, 4))]  # [B, T, C] and the weight as [C, W]
+    assert torch.allclose(y, ref, rtol=0, atol=1e-12) and torch.equal(y_tail, ref_tail)
     assert (counters.CONV.fused, counters.CONV.calls) == (1, 2)
 
 
-def test_a_decode_step_runs_plain_and_is_counted(monkeypatch):
-    monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
+def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused):
+    # q, k, v as slices of one projection [B, T, 3C + 2]: the fused Function's outputs, the rest, and the
+    # gradients of the projection and of the three weights equal the plain path's (split, conv each).
+    gen = torch.Generator().manual_seed(4)
+    B, T, C = 2, 7, 3
+    h0 = torch.randn(B, T, 3 * C + 2, dtype=torch.float64, generator=gen)
+    dys = [torch.randn(B, T, C, dtype=torch.float64, generator=gen) for _ in range(3)]
+    drest = torch.randn(B, T, 2, dtype=torch.float64, generator=gen)
+    results = []
+    for backend in ("fused", "plain"):
+        convs = tuple(make_conv(C, seed=s).double() for s in range(3))
+        set_conv_backend(torch.nn.ModuleList(convs), backend)
+        h = h0.clone().requires_grad_()
+        counters.CONV.reset()
+        *outs, rest = short_conv.convolve_packed(h, convs)
+        assert (counters.CONV.fused, counters.CONV.calls) == ((3 if backend == "fused" else 0), 3)
+        sum((o * dy).sum() for o, dy in zip(outs, dys, strict=True)).add((rest * drest).sum()).backward()
+        results.append((*outs, rest, h.grad, *(c.weight.grad for c in convs)))
+    for a, b in zip(*results, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    # each backward wrote into a slice of one [B, T, 3C + 2] gradient
+    assert [c for c in fused if c[0] == "backward"] == [("backward", (B, T, C), (T * (3 * C + 2), 3 * C + 2, 1))] * 3
+
+
+def test_a_conv_wider_than_the_kernels_is_refused_on_the_fused_path(fused):
+    wide = make_conv(size=5)
+    wide.backend = "fused"
+    with pytest.raises(ledger.FallbackRefused, match="conv_size <= 4") as err:
+        wide(torch.ones(1, 6, 3), None)
+    assert err.value.site == "conv.fused_unavailable"
+    wide.backend = "plain"
+    assert wide(torch.ones(1, 6, 3), None)[0].shape == (1, 6, 3)
+    short_conv.check_fused_width("plain", 8)  # nothing to refuse
+
+
+def test_a_decode_step_runs_plain_and_is_counted(fused):
     conv = make_conv()
+    conv.backend = "fused"
     counters.CONV.reset()
     conv(torch.ones(1, 1, 3), torch.zeros(1, 3, 3))  # a carried state: torch's conv, whatever the backend
     assert (counters.CONV.fused, counters.CONV.calls) == (0, 1)

@@ -185,7 +185,8 @@ def rms_norm_gated() -> tuple[Callable | None, str]:
 @functools.cache
 def causal_conv1d() -> tuple[Callable | None, str]:
     """fla's causal depthwise conv over [B, T, D] (a Triton kernel with its own backward, activation fused),
-    or None and why not. Opaque to torch.compile (see `_opaque`)."""
+    or None and why not. The model runs dormouse's own conv kernels (model/short_conv_kernels.py);
+    benches/conv_probe.py times this one beside them. Opaque to torch.compile (see `_opaque`)."""
     return _opaque(*_import("fla.modules.causal_conv1d", "causal_conv1d"))
 
 

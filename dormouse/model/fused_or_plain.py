@@ -1,8 +1,8 @@
-"""The one policy of the ops with an fla Triton kernel beside a torch path (RMSNorm, the short conv).
+"""The one policy of the ops with a Triton kernel beside a torch path (RMSNorm, the short conv, SwiGLU).
 
-`--norm-backend` and `--conv-backend` each take auto, fused or plain: auto is fla's fused kernel on CUDA
-and torch elsewhere; a fused path that cannot run (no CUDA, fla not importable) is refused at the op's
-ledger site, never replaced by the torch one.
+`--norm-backend`, `--conv-backend` and `--swiglu-backend` each take auto, fused or plain: auto is the fused
+kernel on CUDA (fla's, or dormouse's own for the conv) and torch elsewhere; a fused path that cannot run
+(no CUDA, its kernels not importable) is refused at the op's ledger site, never replaced by the torch one.
 """
 
 from collections.abc import Callable
@@ -16,7 +16,7 @@ CHOICES = ("auto", "fused", "plain")
 
 def resolve(requested: str, device: torch.device | str, *, flag: str, site: str, kernel: Callable, needs: str) -> str:
     """ "fused" or "plain" for `requested` on `device`. `flag` names the option (`--norm-backend`), `site`
-    the ledger site of its refusal, `kernel` fla_kernels' accessor of the op and `needs` fla's module."""
+    the ledger site of its refusal, `kernel` the accessor of the op's kernels and `needs` what they need."""
     what = flag.removeprefix("--").replace("-", " ")  # "norm backend"
     if requested not in CHOICES:
         raise ValueError(f"unknown {what} {requested!r}; choose one of {CHOICES}")
@@ -29,7 +29,7 @@ def resolve(requested: str, device: torch.device | str, *, flag: str, site: str,
     if fn is None:
         raise ledger.refuse(
             site,
-            f"{what} {requested!r} on {device} needs fla-core 0.6.0 ({needs}), which is not importable ({why}); "
+            f"{what} {requested!r} on {device} needs {needs}, which is not importable ({why}); "
             f"install the extra `gpu` or pass {flag} plain",
         )
     return "fused"

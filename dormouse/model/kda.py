@@ -23,8 +23,8 @@ from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
-from dormouse.model.projections import project
-from dormouse.model.short_conv import ShortConv
+from dormouse.model.projections import packed, project
+from dormouse.model.short_conv import ShortConv, conv_tail, convolve_packed
 
 FLA_UNAVAILABLE = ledger.register(
     "kda.fla_unavailable",
@@ -406,17 +406,30 @@ class KDALayer(nn.Module):
             return -A * F.softplus(f)
         return self.gate_lower_bound * torch.sigmoid(A * f)
 
+    def _project(self, x, cache):
+        """x's six projections, q, k and v through their short convs (continuing the cache's tails):
+        (q, k, v, f_low, b, g_low, the convs' new tails or None without them)."""
+        linears = (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a)
+        if not self.short_conv:  # the convs end in SiLU; without them the projections get it here
+            q, k, v, f_low, b, g_low = project(x, linears)
+            return F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low, None
+        convs = (self.q_conv, self.k_conv, self.v_conv)
+        if cache is None and torch.is_grad_enabled():  # one projection, its q, k, v slices convolved
+            h = packed(x, linears)
+            q, k, v, rest = convolve_packed(h, convs)
+            f_low, b, g_low = rest.split([lin.out_features for lin in linears[3:]], dim=-1)
+            HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
+            tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
+            return q, k, v, f_low, b, g_low, tails
+        q, k, v, f_low, b, g_low = project(x, linears)
+        states = (None, None, None) if cache is None else cache.conv
+        (q, cq), (k, ck), (v, cv) = (conv(t, s) for conv, t, s in zip(convs, (q, k, v), states, strict=True))
+        return q, k, v, f_low, b, g_low, (cq, ck, cv)
+
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, k, v, f_low, b, g_low = project(x, (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a))
-        conv_state = None
-        if self.short_conv:
-            cq, ck, cv = (None, None, None) if cache is None else cache.conv
-            (q, cq), (k, ck), (v, cv) = self.q_conv(q, cq), self.k_conv(k, ck), self.v_conv(v, cv)
-            conv_state = (cq, ck, cv)
-        else:  # the convs end in SiLU (fused into fla's kernel); without them the projections get it here
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q, k, v, f_low, b, g_low, conv_state = self._project(x, cache)
         q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
         f = self._gate_input(f_low)
         options = self.fla_options

@@ -40,7 +40,7 @@ def resolve_norm_backend(requested: str, device: torch.device | str) -> str:
         flag="--norm-backend",
         site=FUSED_UNAVAILABLE,
         kernel=fla_kernels.rms_norm,  # looked up per call: the tests stand in for it
-        needs="fla.modules.norm.layernorm.rms_norm",
+        needs="fla-core 0.6.0 (fla.modules.norm.layernorm.rms_norm)",
     )
 
 
@@ -110,7 +110,7 @@ def resolve_gated_backend(requested: str, device: torch.device | str) -> str:
         flag="--norm-backend",
         site=FUSED_UNAVAILABLE,
         kernel=fla_kernels.rms_norm_gated,  # looked up per call: the tests stand in for it
-        needs="fla.modules.norm.fused_norm_gate.rms_norm_gated",
+        needs="fla-core 0.6.0 (fla.modules.norm.fused_norm_gate.rms_norm_gated)",
     )
 
 

@@ -1,11 +1,16 @@
 """The KDA layer's short convolution: causal, depthwise over time, then SiLU.
 
-Two paths compute the same function: `plain` (torch's depthwise F.conv1d, any device) and `fused` (fla's
-Triton causal_conv1d with the SiLU in its kernel, CUDA only, with its own backward). `fused` works on
-the [B, T, C] layout the projections give, where torch's conv needs [B, C, T]: on the H200 the profile
-of a T 256 B 64 step showed 5.5 ms of its 51 in torch's depthwise kernels, beside the transposes
-(docs/performance.md). `resolve_conv_backend` applies `fused_or_plain`'s policy (auto: fused on
-CUDA, plain elsewhere); the model sets the configured name on every ShortConv (`set_conv_backend`).
+Two paths compute the same function: `plain` (torch's depthwise F.conv1d, any device) and `fused`
+(dormouse's Triton kernels, model/short_conv_kernels.py: CUDA only, at most 4 taps, SiLU inside, the
+pre-activation recomputed in the backward). `fused` works on the [B, T, C] layout the projections give,
+where torch's conv needs [B, C, T]. `resolve_conv_backend` applies `fused_or_plain`'s policy (auto:
+fused on CUDA, plain elsewhere); the model sets the configured name on every ShortConv
+(`set_conv_backend`). A conv wider than the kernels' window is refused on the fused path
+(`check_fused_width`), never run another way.
+
+Under autograd the KDA layer convolves q, k and v as three slices of its one packed projection
+(`convolve_packed`): on the fused path one autograd Function writes their gradients, and the rest of the
+projection's, into one tensor shaped as the projection, so its backward needs no cat of six gradients.
 
 The fused path covers every forward that starts with no carried state: training, evaluation, a
 prompt's prefill. A decode step, which starts from the state, runs the plain path whatever the backend
@@ -13,21 +18,34 @@ prompt's prefill. A decode step, which starts from the state, runs the plain pat
 counters.CONV, so the eval line's `conv=<fused>/<calls>` says which path ran.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dormouse import counters, ledger
-from dormouse.model import fla_kernels, fused_or_plain
+from dormouse.model import fused_or_plain
 
 CONV_BACKENDS = fused_or_plain.CHOICES
+MAX_FUSED_WIDTH = 4  # short_conv_kernels.TAPS (that module needs Triton to import)
 FUSED_UNAVAILABLE = ledger.register(
     "conv.fused_unavailable",
     ledger.Kind.LOUD,
-    "fused short conv asked for (or auto on CUDA), but fla's causal_conv1d is not importable or the tensors "
-    "are not on CUDA",
+    "fused short conv asked for (or auto on CUDA), but dormouse's Triton conv kernels are not importable, the "
+    f"tensors are not on CUDA, or conv_size is over {MAX_FUSED_WIDTH}",
     __name__,
 )
+
+
+@functools.cache
+def fused_kernels() -> tuple[object | None, str]:
+    """dormouse's Triton short-conv kernels (model/short_conv_kernels.py), or None and why not."""
+    try:
+        from dormouse.model import short_conv_kernels
+    except ImportError as err:  # no Triton: the CPU set-up
+        return None, f"{type(err).__name__}: {err}"
+    return short_conv_kernels, ""
 
 
 def resolve_conv_backend(requested: str, device: torch.device | str) -> str:
@@ -37,9 +55,25 @@ def resolve_conv_backend(requested: str, device: torch.device | str) -> str:
         device,
         flag="--conv-backend",
         site=FUSED_UNAVAILABLE,
-        kernel=fla_kernels.causal_conv1d,  # looked up per call: the tests stand in for it
-        needs="fla.modules.causal_conv1d",
+        kernel=fused_kernels,  # looked up per call: the tests stand in for it
+        needs="Triton (for dormouse/model/short_conv_kernels.py)",
     )
+
+
+def check_fused_width(backend: str, width: int) -> None:
+    """Refuse, through the ledger, the fused path for a conv of more taps than the kernels' window."""
+    if backend == "fused" and width > MAX_FUSED_WIDTH:
+        raise ledger.refuse(
+            FUSED_UNAVAILABLE,
+            f"conv backend 'fused' takes conv_size <= {MAX_FUSED_WIDTH} (dormouse's Triton kernels), got {width}; "
+            "pass --conv-backend plain",
+        )
+
+
+def conv_tail(x: torch.Tensor, keep: int) -> torch.Tensor:
+    """The last `keep` inputs of x [B, T, C], zeros before the sequence's start: what a cache carries."""
+    T = x.shape[1]
+    return x[:, T - keep :] if T >= keep else F.pad(x, (0, 0, keep - T, 0))
 
 
 class ShortConv(nn.Module):
@@ -50,22 +84,69 @@ class ShortConv(nn.Module):
         self.backend = "auto"  # as asked for (CONV_BACKENDS); resolved per call on the input's device
         self.weight = nn.Parameter(torch.empty(channels, 1, size))
 
+    def is_fused(self, device: torch.device) -> bool:
+        """Whether a call without carried state runs the fused path on `device` (refused if it cannot)."""
+        fused = resolve_conv_backend(self.backend, device) == "fused"
+        check_fused_width("fused" if fused else "plain", self.weight.shape[-1])
+        return fused
+
     def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B,T,C], state [B,size-1,C] (None: zeros) -> (SiLU(y) [B,T,C], new state)."""
         B, T, C = x.shape
         keep = self.weight.shape[-1] - 1
-        fused = state is None and resolve_conv_backend(self.backend, x.device) == "fused"
+        fused = state is None and self.is_fused(x.device)
         counters.CONV.record(fused=fused)
         if fused:
-            fn, _ = fla_kernels.causal_conv1d()
-            y, _ = fn(x, self.weight[:, 0].to(x.dtype), activation="silu")
-            # The tail a cache carries: the last `keep` inputs, zeros before the sequence's start.
-            return y, x[:, T - keep :] if T >= keep else F.pad(x, (0, 0, keep - T, 0))
+            return fused_convs(x, (self.weight.view(C, -1),))[0], conv_tail(x, keep)
         if state is None:
             state = x.new_zeros(B, keep, C)
         xs = torch.cat([state.to(x.dtype), x], dim=1)
         y = F.conv1d(xs.transpose(1, 2), self.weight.to(x.dtype), groups=C).transpose(1, 2)
         return F.silu(y), xs[:, xs.shape[1] - keep :]
+
+
+def convolve_packed(packed: torch.Tensor, convs: tuple[ShortConv, ...]) -> tuple[torch.Tensor, ...]:
+    """Each conv of `convs` (C channels each) on its slice of `packed` [B, T, N], in order from channel 0,
+    from the sequence's start: (each conv's output, the remaining N - n·C channels)."""
+    C = convs[0].weight.shape[0]
+    if not all(conv.is_fused(packed.device) for conv in convs):  # each conv's call counts itself
+        *parts, rest = packed.split([C] * len(convs) + [packed.shape[-1] - len(convs) * C], dim=-1)
+        return (*(conv(part, None)[0] for conv, part in zip(convs, parts, strict=True)), rest)
+    for _ in convs:
+        counters.CONV.record(fused=True)
+    return fused_convs(packed, tuple(conv.weight.view(C, -1) for conv in convs))
+
+
+@torch.compiler.disable  # Triton launches, called eagerly under torch.compile (as fla_kernels._opaque)
+def fused_convs(packed: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The fused path of `convolve_packed`, weights [C, W] each: (each conv's output, the rest, copied)."""
+    return _FusedConvs.apply(packed, *weights)
+
+
+class _FusedConvs(torch.autograd.Function):
+    """SiLU(conv) of packed's first n·C channels, C at a time, and the rest of packed as a copy; the
+    backward writes every gradient into one tensor shaped as packed (no cat of n + 1 gradients)."""
+
+    @staticmethod
+    def forward(ctx, packed: torch.Tensor, *weights: torch.Tensor):
+        kernels, _ = fused_kernels()
+        C, n = weights[0].shape[0], len(weights)
+        ctx.save_for_backward(packed, *weights)
+        outs = [kernels.forward(packed[..., i * C : (i + 1) * C], w) for i, w in enumerate(weights)]
+        return (*outs, packed[..., n * C :].contiguous())
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        kernels, _ = fused_kernels()
+        packed, *weights = ctx.saved_tensors
+        C, n = weights[0].shape[0], len(weights)
+        dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+        dweights = [
+            kernels.backward(packed[..., i * C : (i + 1) * C], w, dy.contiguous(), dpacked[..., i * C : (i + 1) * C])
+            for i, (w, dy) in enumerate(zip(weights, grads[:n], strict=True))
+        ]
+        dpacked[..., n * C :].copy_(grads[n])
+        return (dpacked, *dweights)
 
 
 def set_conv_backend(module: nn.Module, backend: str) -> None:

@@ -1,138 +1,138 @@
 """dormouse's own Triton kernels for the short conv's fused path: SiLU of a causal depthwise conv.
 
-Why not fla's causal_conv1d: on the H200 at batch 64 its forward took 47 us and its backward 161 us
-(a forward again, to recompute the pre-activation, then 114 us) per [64, 512, 512] bf16 call, three to
-five times the time of the bytes they move; the backward here recomputes the pre-activation inside its
-own tiles (benches/conv_probe.py measured both; docs/performance.md). Its results also differ in form:
-the weight gradient is summed here in fp32 and returned in the weight's dtype (fla rounds it through the
-input's dtype first).
+Each program walks L consecutive positions of BD channels of one sequence, keeping the last three inputs
+(and, backward, the last three pre-activation gradients) in registers, so every element is read from
+memory once. fla's causal_conv1d, which the fused path ran before, loads each [time, channel] tile four
+times shifted and runs its forward again inside its backward: on the H200 at [64, 512, 512] bf16 (a slice
+of the KDA layer's packed projection, as in the model) it took 48 us forward and 179 us backward; these
+take 33 us and 66 us (benches/conv_probe.py, session 16's logs; docs/performance.md).
 
-Imported only where Triton is (CUDA machines): `short_conv.fused_kernels()` looks it up. Block sizes
-are fixed constants, chosen once from the probe's sweep, so that two processes run the same kernels
-and no autotuning happens at a cold start.
+The window is four taps; a narrower conv runs with zero weights in front (the same function). A wider
+one is refused by the caller (short_conv.check_fused_width). The weight's gradient is summed in fp32
+over per-program parts in a fixed order (deterministic) and returned in the weight's dtype.
 
-Layouts: x [B, T, C] with unit stride over C (a slice of a wider projection is fine), weight [C, W]
-fp32 contiguous, y and dy [B, T, C] contiguous, dx [B, T, C] with unit stride over C.
+Imported only where Triton is (CUDA machines): `short_conv.fused_kernels()` looks it up. The block
+sizes are fixed, chosen once from the probe's sweep: no autotuning at a cold start, and two processes
+run the same kernels.
+
+Layouts: x [B, T, C] with unit stride over C (a slice of a wider tensor is fine), weight [C, W] fp32,
+dy [B, T, C] contiguous, y contiguous, dx [B, T, C] with unit stride over C.
 """
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# (time rows, channels, warps) per program, forward and backward: benches/conv_probe.py's sweep.
-FWD_BLOCKS = (64, 64, 8)
-BWD_BLOCKS = (64, 64, 8)
+TAPS = 4
+# (positions a program walks, channels, warps): the fastest of benches/conv_probe.py's sweep.
+FWD_BLOCKS = (32, 128, 1)
+BWD_BLOCKS = (64, 64, 1)
 
 
 @triton.jit
-def _fwd_kernel(
-    x, w, y, T, stride_x_b, stride_x_t, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr
-):
+def _fwd_kernel(x, w, y, T, stride_x_b, stride_x_t, C: tl.constexpr, L: tl.constexpr, BD: tl.constexpr):
     i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < C
-    p_x = x + i_b.to(tl.int64) * stride_x_b
-    acc = tl.zeros((BT, BD), dtype=tl.float32)
-    for j in tl.static_range(W):  # y[t] = sum_j w[:, j] x[t - (W - 1) + j], zeros before the start
-        t_src = o_t - (W - 1) + j
-        m = ((t_src >= 0) & (t_src < T))[:, None] & m_d[None, :]
-        b_x = tl.load(p_x + t_src[:, None] * stride_x_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-        b_w = tl.load(w + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
-        acc += b_x * b_w[None, :]
-    acc = acc * tl.sigmoid(acc)
-    p_y = y + i_b.to(tl.int64) * T * C + o_t[:, None] * C + o_d[None, :]
-    tl.store(p_y, acc.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+    w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
+    w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
+    w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
+    w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
+    p_x = x + i_b.to(tl.int64) * stride_x_b + o_d
+    p_y = y + i_b.to(tl.int64) * T * C + o_d
+    t0 = i_t * L
+    # x1, x2, x3: the inputs at t - 3, t - 2, t - 1 (zeros before the sequence's start)
+    x1 = tl.load(p_x + (t0 - 3).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
+    x2 = tl.load(p_x + (t0 - 2).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
+    x3 = tl.load(p_x + (t0 - 1).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
+    for t in tl.range(t0, t0 + L, num_stages=3):
+        m = m_d & (t < T)
+        xt = tl.load(p_x + t.to(tl.int64) * stride_x_t, mask=m, other=0.0).to(tl.float32)
+        a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt
+        tl.store(p_y + t.to(tl.int64) * C, (a * tl.sigmoid(a)).to(y.dtype.element_ty), mask=m)
+        x1, x2, x3 = x2, x3, xt
 
 
 @triton.jit
 def _bwd_kernel(
-    x,
-    w,
-    dy,
-    dx,
-    dw,
-    T,
-    stride_x_b,
-    stride_x_t,
-    stride_dx_b,
-    stride_dx_t,
-    C: tl.constexpr,
-    W: tl.constexpr,
-    BT: tl.constexpr,
+    x, w, dy, dx, dw, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr, L: tl.constexpr,
     BD: tl.constexpr,
-):
+):  # fmt: skip
     i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < C
-    p_x = x + i_b.to(tl.int64) * stride_x_b
-    p_dy = dy + i_b.to(tl.int64) * T * C
-    b_dx = tl.zeros((BT, BD), dtype=tl.float32)
-    # dx[t] = sum_s w[:, W-1-s] da[t+s], da = dy * SiLU'(a) with a the pre-activation, recomputed here.
-    for s in tl.static_range(W):
-        t_s = o_t + s
-        a = tl.zeros((BT, BD), dtype=tl.float32)
-        for j in tl.static_range(W):
-            t_src = t_s - (W - 1) + j
-            m = ((t_src >= 0) & (t_src < T))[:, None] & m_d[None, :]
-            b_x = tl.load(p_x + t_src[:, None] * stride_x_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-            a += b_x * tl.load(w + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)[None, :]
-        m_s = (t_s < T)[:, None] & m_d[None, :]
-        b_dy = tl.load(p_dy + t_s[:, None] * C + o_d[None, :], mask=m_s, other=0.0).to(tl.float32)
+    w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
+    w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
+    w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
+    w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
+    p_x = x + i_b.to(tl.int64) * stride_x_b + o_d
+    p_dy = dy + i_b.to(tl.int64) * T * C + o_d
+    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + o_d
+    t0 = i_t * L
+    x1 = tl.load(p_x + (t0 - 3).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
+    x2 = tl.load(p_x + (t0 - 2).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
+    x3 = tl.load(p_x + (t0 - 1).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
+    # d1, d2, d3: the pre-activation's gradient at t - 1, t - 2, t - 3; g0..g3: this program's part of dw
+    d1 = tl.zeros((BD,), dtype=tl.float32)
+    d2 = tl.zeros((BD,), dtype=tl.float32)
+    d3 = tl.zeros((BD,), dtype=tl.float32)
+    g0 = tl.zeros((BD,), dtype=tl.float32)
+    g1 = tl.zeros((BD,), dtype=tl.float32)
+    g2 = tl.zeros((BD,), dtype=tl.float32)
+    g3 = tl.zeros((BD,), dtype=tl.float32)
+    # dx[u] needs da[u .. u + 3]: walk three positions past the block and write dx[t - 3].
+    for t in tl.range(t0, t0 + L + 3, num_stages=3):
+        m = m_d & (t < T)
+        xt = tl.load(p_x + t.to(tl.int64) * stride_x_t, mask=m, other=0.0).to(tl.float32)
+        a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt  # the pre-activation, recomputed
         sig = tl.sigmoid(a)
-        da = b_dy * sig * (1 + a * (1 - sig))
-        b_dx += da * tl.load(w + o_d * W + (W - 1 - s), mask=m_d, other=0.0).to(tl.float32)[None, :]
-        if s == 0:  # this tile's part of dw[:, j] = sum_t da[t] x[t - (W - 1) + j], summed over tiles later
-            for j in tl.static_range(W):
-                t_src = o_t - (W - 1) + j
-                m = ((t_src >= 0) & (t_src < T))[:, None] & m_d[None, :]
-                b_x = tl.load(p_x + t_src[:, None] * stride_x_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-                p_dw = dw + (i_b * tl.num_programs(1) + i_t).to(tl.int64) * C * W + o_d * W + j
-                tl.store(p_dw, tl.sum(da * b_x, 0), mask=m_d)
-    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + o_t[:, None] * stride_dx_t + o_d[None, :]
-    tl.store(p_dx, b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+        da = tl.load(p_dy + t.to(tl.int64) * C, mask=m, other=0.0).to(tl.float32) * sig * (1 + a * (1 - sig))
+        u = t - 3
+        du = w0 * da + w1 * d1 + w2 * d2 + w3 * d3
+        tl.store(p_dx + u.to(tl.int64) * stride_dx_t, du.to(dx.dtype.element_ty), mask=m_d & (u >= t0) & (u < T))
+        own = tl.where(t < t0 + L, da, 0.0)  # dw from this block's positions only
+        g0 += own * x1
+        g1 += own * x2
+        g2 += own * x3
+        g3 += own * xt
+        x1, x2, x3 = x2, x3, xt
+        d3, d2, d1 = d2, d1, da
+    p_dw = dw + (i_b * tl.num_programs(1) + i_t).to(tl.int64) * C * 4 + o_d * 4
+    tl.store(p_dw, g0, mask=m_d)
+    tl.store(p_dw + 1, g1, mask=m_d)
+    tl.store(p_dw + 2, g2, mask=m_d)
+    tl.store(p_dw + 3, g3, mask=m_d)
+
+
+def _taps(weight: torch.Tensor) -> torch.Tensor:
+    """weight [C, W <= 4] as [C, 4] fp32, zeros in front: the same causal conv."""
+    assert weight.shape[1] <= TAPS, weight.shape
+    return F.pad(weight.float(), (TAPS - weight.shape[1], 0)).contiguous()
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, blocks: tuple[int, int, int] = FWD_BLOCKS) -> torch.Tensor:
     """SiLU(causal depthwise conv of x [B, T, C] with weight [C, W]), contiguous [B, T, C] in x's dtype."""
     B, T, C = x.shape
-    assert x.stride(-1) == 1 and weight.is_contiguous() and weight.shape[0] == C, (x.stride(), weight.shape)
-    BT, BD, num_warps = blocks
+    assert x.stride(-1) == 1 and weight.shape[0] == C, (x.stride(), weight.shape)
+    L, BD, num_warps = blocks
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(C, BD), triton.cdiv(T, BT), B)
-    _fwd_kernel[grid](
-        x, weight, y, T, x.stride(0), x.stride(1), C=C, W=weight.shape[1], BT=BT, BD=BD, num_warps=num_warps
-    )
+    grid = (triton.cdiv(C, BD), triton.cdiv(T, L), B)
+    _fwd_kernel[grid](x, _taps(weight), y, T, x.stride(0), x.stride(1), C=C, L=L, BD=BD, num_warps=num_warps)
     return y
 
 
 def backward(
     x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, blocks: tuple[int, int, int] = BWD_BLOCKS
 ) -> torch.Tensor:
-    """Writes the input's gradient into `dx` (x's shape, unit stride over C); returns the weight's [C, W],
-    in the weight's dtype, summed in fp32 over per-tile parts in a fixed order."""
+    """Writes the input's gradient into `dx` (x's shape, unit stride over C); returns the weight's [C, W]."""
     B, T, C = x.shape
-    W = weight.shape[1]
     assert dy.is_contiguous() and dx.stride(-1) == 1 and dx.shape == x.shape, (dy.stride(), dx.stride())
-    BT, BD, num_warps = blocks
-    grid = (triton.cdiv(C, BD), triton.cdiv(T, BT), B)
-    parts = torch.empty(B * grid[1], C, W, dtype=torch.float32, device=x.device)
+    L, BD, num_warps = blocks
+    grid = (triton.cdiv(C, BD), triton.cdiv(T, L), B)
+    parts = torch.empty(B * grid[1], C, TAPS, dtype=torch.float32, device=x.device)
     _bwd_kernel[grid](
-        x,
-        weight,
-        dy,
-        dx,
-        parts,
-        T,
-        x.stride(0),
-        x.stride(1),
-        dx.stride(0),
-        dx.stride(1),
-        C=C,
-        W=W,
-        BT=BT,
-        BD=BD,
+        x, _taps(weight), dy, dx, parts, T, x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), C=C, L=L, BD=BD,
         num_warps=num_warps,
-    )
-    return parts.sum(0).to(weight.dtype)
+    )  # fmt: skip
+    return parts.sum(0)[:, TAPS - weight.shape[1] :].to(weight.dtype)

@@ -40,7 +40,7 @@ def resolve_swiglu_backend(requested: str, device: torch.device | str) -> str:
         flag="--swiglu-backend",
         site=FUSED_UNAVAILABLE,
         kernel=fla_kernels.swiglu,  # looked up per call: the tests stand in for it
-        needs="fla.modules.activations.ops",
+        needs="fla-core 0.6.0 (fla.modules.activations.ops)",
     )
 
 

@@ -157,9 +157,7 @@ class Trainer:
         norm = {"fused": "fused (fla rms_norm)", "plain": "plain (torch rms_norm)"}[m.norm_backend]
         has_conv = m.mixer == "kda" and m.short_conv
         conv = (
-            {"fused": "fused (fla causal_conv1d)", "plain": "plain (torch conv1d)"}[m.conv_backend]
-            if has_conv
-            else "off"
+            {"fused": "fused (dormouse Triton)", "plain": "plain (torch conv1d)"}[m.conv_backend] if has_conv else "off"
         )
         glu = {"fused": "fused (fla swiglu)", "plain": "plain (torch silu, mul)"}[m.swiglu_backend]
         self.log(f"kernels: kda={backend} norm={norm} conv={conv} swiglu={glu}")

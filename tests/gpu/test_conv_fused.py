@@ -1,10 +1,12 @@
-"""The fused short conv (fla's Triton causal_conv1d, SiLU in the kernel) against the plain torch path on
-CUDA; skipped without CUDA/fla.
+"""The fused short conv (dormouse's Triton kernels, model/short_conv_kernels.py) on CUDA; skipped without
+CUDA or Triton.
 
-Both accumulate the 4 taps in fp32. fp32 inputs: output and gradients (input, weight) agree to 1e-5
-relative (max|d|/max|ref|); bf16 inputs: the output to two bf16 roundings (2^-7: the SiLU rounds once
-more on torch's path) and the gradients to 1e-2, which pass through bf16 tensors. Also: the fused
-path's tail equals the plain one, and a `small`-width model on CUDA runs every conv fused.
+The kernels against float64 on the same inputs: fp32 output and gradients to 1e-5 relative
+(max|d|/max|ref|); bf16 output and input gradient to one bf16 rounding (2^-8), the weight's gradient
+(summed in fp32) to 1e-5. Shapes: the model's, shorter than the kernel, and ragged (positions and
+channels not multiples of the blocks); widths 4, 3, 2 (zeros in front of the weights); the input a slice
+of a wider tensor. Two backward runs give the same bits. Also: q, k, v as slices of one projection
+through the fused Function against the plain path, and a model on CUDA running every conv fused.
 """
 
 import pytest
@@ -12,53 +14,83 @@ import torch
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-# fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import, and a
-# direct import before them left every kernel to Triton's timing (minutes of autotuning, other kernels).
-from dormouse.model import fla_kernels  # noqa: E402
 
-if fla_kernels.causal_conv1d()[0] is None:
-    pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.causal_conv1d()[1]}", allow_module_level=True)
+from dormouse.model import short_conv  # noqa: E402
+
+kernels, why = short_conv.fused_kernels()
+if kernels is None:
+    pytest.skip(f"needs Triton (extra `gpu`): {why}", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
-from dormouse.model.short_conv import ShortConv  # noqa: E402
 
-TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2.0**-7, 1e-2)}  # (output, gradients)
+TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (2.0**-8, 2.0**-8, 1e-5)}  # (y, dx, dw)
 
 
 def rel(x, ref):
     return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-def run(backend, x, w, dy):
-    conv = ShortConv(x.shape[-1], w.shape[-1]).cuda()
-    conv.backend = backend
-    with torch.no_grad():
-        conv.weight.copy_(w)
-    x = x.detach().clone().requires_grad_()
-    y, tail = conv(x, None)
-    y.backward(dy)
-    return y.detach(), tail.detach(), x.grad, conv.weight.grad
+def reference(x, w, dy):
+    """float64 SiLU(causal depthwise conv), its input's and weight's gradients by autograd."""
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    a = F.conv1d(F.pad(xd.transpose(1, 2), (w.shape[1] - 1, 0)), wd[:, None], groups=w.shape[0])
+    y = F.silu(a).transpose(1, 2)
+    y.backward(dy.double())
+    return y.detach(), xd.grad, wd.grad
 
 
+@pytest.mark.parametrize("width", [4, 3, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("shape", [(64, 256, 512), (3, 2, 96)], ids=["candidate", "shorter-than-kernel"])
-def test_fused_equals_plain(dtype, shape):
+@pytest.mark.parametrize("shape", [(64, 256, 512), (3, 2, 96), (2, 100, 200)], ids=["model", "short", "ragged"])
+def test_kernels_against_float64(shape, dtype, width):
+    B, T, C = shape
     gen = rng.generator(0, 0, "test")
-    x = torch.randn(*shape, generator=gen).to(dtype).cuda()
-    w = (0.5 * torch.randn(shape[-1], 1, 4, generator=gen)).cuda()
-    dy = torch.randn(*shape, generator=gen).to(dtype).cuda()
-    counters.CONV.reset()
-    fused = run("fused", x, w, dy)
-    plain = run("plain", x, w, dy)
-    assert (counters.CONV.fused, counters.CONV.calls) == (1, 2)
-    assert fused[0].dtype == plain[0].dtype == dtype
-    assert torch.equal(fused[1], plain[1]), "tail"
-    out_tol, grad_tol = TOL[dtype]
-    assert rel(fused[0], plain[0]) <= out_tol
-    assert rel(fused[2], plain[2]) <= grad_tol, "d input"
-    assert rel(fused[3], plain[3]) <= grad_tol, "d weight"
+    wide = torch.randn(B, T, 3 * C + 8, generator=gen).to(dtype).cuda()
+    x = wide[..., C : 2 * C]  # a slice, as q, k, v of the packed projection
+    w = (0.5 * torch.randn(C, width, generator=gen)).cuda()
+    dy = torch.randn(B, T, C, generator=gen).to(dtype).cuda()
+    y = kernels.forward(x, w)
+    dx = torch.empty_like(dy)
+    dw = kernels.backward(x, w, dy, dx)
+    y_ref, dx_ref, dw_ref = reference(x, w, dy)
+    measured = {"y": rel(y, y_ref), "dx": rel(dx, dx_ref), "dw": rel(dw, dw_ref)}
+    print(f"{shape} {dtype} width {width}, max|d|/max|ref|: {measured}")
+    assert y.dtype == dx.dtype == dtype and dw.dtype == torch.float32 and dw.shape == (C, width)
+    assert all(m <= tol for m, tol in zip(measured.values(), TOL[dtype], strict=True)), measured
+    dx_again = torch.empty_like(dy)
+    assert torch.equal(kernels.backward(x, w, dy, dx_again), dw) and torch.equal(dx_again, dx)
+
+
+def test_packed_convs_fused_against_the_plain_path():
+    # In bf16 the plain path rounds the weights, and the conv before its SiLU: roundings apart, bounded by
+    # 1e-2 as the other fused-against-plain tests' gradients are.
+    gen = rng.generator(0, 1, "test")
+    B, T, C = 4, 128, 256
+    h0 = torch.randn(B, T, 3 * C + 40, generator=gen).to(torch.bfloat16).cuda()
+    dys = [torch.randn(B, T, C, generator=gen).to(torch.bfloat16).cuda() for _ in range(3)]
+    drest = torch.randn(B, T, 40, generator=gen).to(torch.bfloat16).cuda()
+    results = []
+    for backend in ("fused", "plain"):
+        convs = tuple(short_conv.ShortConv(C, 4).cuda() for _ in range(3))
+        for i, conv in enumerate(convs):
+            with torch.no_grad():
+                conv.weight.copy_(0.5 * torch.randn(conv.weight.shape, generator=rng.generator(0, i, "test")))
+        short_conv.set_conv_backend(torch.nn.ModuleList(convs), backend)
+        h = h0.clone().requires_grad_()
+        counters.CONV.reset()
+        *outs, rest = short_conv.convolve_packed(h, convs)
+        assert counters.CONV.fused == (3 if backend == "fused" else 0)
+        loss = sum((o.float() * dy.float()).sum() for o, dy in zip(outs, dys, strict=True))
+        (loss + (rest.float() * drest.float()).sum()).backward()
+        results.append((*outs, rest, h.grad, *(c.weight.grad for c in convs)))
+    names = ("q", "k", "v", "rest", "d projection", "dw q", "dw k", "dw v")
+    measured = {name: rel(a, b) for name, a, b in zip(names, *results, strict=True)}
+    print("fused vs plain, max|d|/max|ref|:", measured)
+    assert measured["rest"] == 0 and max(measured.values()) <= 1e-2, measured
 
 
 def test_model_on_cuda_runs_every_conv_fused():
