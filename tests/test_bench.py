@@ -228,6 +228,24 @@ def test_busy_line_is_the_union_of_the_kernels_spans():
     assert line.startswith("device busy 5.00 ms per step (union of its kernels; 7.00 ms summed) of 10.00 ms wall")
 
 
+def test_idle_line_names_what_the_host_ran_while_the_device_waited():
+    # One step, µs: busy 0-10, 12-20 (a 2 µs gap, under the 10 µs floor), 50-60, 100-110: gaps 20-50, 60-100.
+    spans = [(12, 20), (0, 10), (50, 60), (100, 110), (52, 55)]
+    host = [
+        ("aten::_coalesce", 18, 40),  # 20 in the first gap
+        ("cudaStreamSynchronize", 0, 19),  # none: the device was busy or in a short gap
+        ("python step", 45, 105),  # 5 + 40
+        ("aten::index_select", 61, 70),  # 9, inside python step's
+    ]
+    assert bench.idle_line(spans, host, steps=1) == (
+        "device idle 0.07 ms per step in 2 gaps of >= 10 us; host events overlapping them (ms per step): "
+        "python step 0.04, aten::_coalesce 0.02, aten::index_select 0.01"
+    )
+    assert bench.idle_line([(0, 10)], host, steps=2).endswith(
+        "in 0 gaps of >= 10 us; host events overlapping them (ms per step): none recorded"
+    )
+
+
 def test_a_history_without_the_added_columns_is_extended_once(tmp_path):
     from dormouse.tools.history import read_history
 

@@ -70,10 +70,13 @@ On a shared CPU the 1-minute load average at start and end is recorded (`loadavg
 machine makes every CPU figure slower.
 """
 
+import bisect
+import collections
 import datetime
 import gc
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import math
 import os
@@ -784,7 +787,8 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
     slows), the ops sorted by their own device time (CPU time on the CPU): one per op, then one per op and
     input shapes, which tells which call of a generic kernel (a cast, a strided copy) costs what. Kernels
     replayed from a CUDA graph have no op to group under: profile the eager step for the second table.
-    On CUDA a first line says how much of the steps' wall time the device was busy (`busy_line`)."""
+    On CUDA two first lines say how much of the steps' wall time the device was busy (`busy_line`) and
+    what the host ran while it idled (`idle_line`)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -807,23 +811,57 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
         for e in prof.events()
         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     ]
-    return f"{busy_line(spans, n, wall_us)}\n{tables}"
+    host = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CPU]
+    return f"{busy_line(spans, n, wall_us)}\n{idle_line(spans, host, n)}\n{tables}"
+
+
+def _busy_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `(start, end)` spans as sorted disjoint intervals."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def busy_line(spans: list[tuple[float, float]], steps: int, wall_us: float) -> str:
     """Per step: the time the device ran anything (the union of its kernels' `(start, end)` spans, µs),
     their summed durations (more than the union where kernels overlap) and the wall time, in ms. Wall time
     minus busy time is what the device sat idle: launches, host work, syncs."""
-    union, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            union += end - max(start, reach)
-            reach = end
+    union = sum(end - start for start, end in _busy_intervals(spans))
     summed = sum(end - start for start, end in spans)
     per = 1e-3 / steps
     return (
         f"device busy {union * per:.2f} ms per step (union of its kernels; {summed * per:.2f} ms summed) "
         f"of {wall_us * per:.2f} ms wall per step under the profiler"
+    )
+
+
+def idle_line(
+    spans: list[tuple[float, float]], host: list[tuple[str, float, float]], steps: int, top: int = 8, min_gap_us=10.0
+) -> str:
+    """Per step, in ms: the device's idle time between its first and last kernel, in gaps of at least
+    `min_gap_us` between busy intervals, and the `top` host events `(name, start, end)` (µs) by their
+    overlap with those gaps: what the host ran while the device waited. Nested events (an op and the ops
+    it calls, a launch inside an op) each count their own overlap."""
+    busy = _busy_intervals(spans)
+    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] >= min_gap_us]
+    starts = [g[0] for g in gaps]
+    overlap: dict[str, float] = collections.defaultdict(float)
+    for name, start, end in host:
+        i = max(bisect.bisect_right(starts, start) - 1, 0)
+        while i < len(gaps) and gaps[i][0] < end:
+            overlap[name] += max(0.0, min(end, gaps[i][1]) - max(start, gaps[i][0]))
+            i += 1
+    per = 1e-3 / steps
+    idle = sum(b - a for a, b in gaps) * per
+    ranked = sorted(((t, n) for n, t in overlap.items() if t > 0), reverse=True)[:top]
+    during = ", ".join(f"{name} {t * per:.2f}" for t, name in ranked) or "none recorded"
+    return (
+        f"device idle {idle:.2f} ms per step in {len(gaps) / steps:.0f} gaps of >= {min_gap_us:g} us; host events "
+        f"overlapping them (ms per step): {during}"
     )
 
 

@@ -21,8 +21,10 @@ in proportion to how often it is used. `routing.WEIGHT_DECAY["sparse"]` must the
 
 Cost per step: the gradient of `nn.Embedding(..., sparse=True)` (dormouse.model.engram.Engram's
 default) is a sparse COO tensor with one entry per lookup. It is coalesced (sort + sum of duplicates:
-O(L log L) for L lookups), the all-zero rows dropped, and only those rows of W, m, v, s are gathered,
-updated and scattered back (`index_copy_` with distinct sorted indices: deterministic). Nothing of
+O(L log L) for L lookups), and only those rows of W, m, v, s are gathered, updated and scattered back
+(`index_copy_` with distinct sorted indices: deterministic); a row whose summed gradient is exactly zero
+is written back unchanged (`torch.where`), not dropped: dropping it would make the host wait for the GPU
+to count such rows, and on the H200 the GPU sat idle while the host ran this step. Nothing of
 size R is touched after the first step; the first step allocates the state (m, v in the parameter's
 dtype promoted to fp32 at least, s int64: 2·R·D floats + R ints, once). A dense gradient is accepted
 too and gives the same update, but finding its non-zero rows reads all R·D entries (and backward has
@@ -39,8 +41,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted distinct row indices [k] with a non-zero gradient entry, their gradient rows [k, D])."""
+def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted distinct row indices [k], their gradient rows [k, D], which of them have a non-zero entry
+    [k] bool). A sparse gradient's looked-up rows whose sum is exactly zero stay in the first two, marked
+    False: dropping them would make the host wait for the GPU to count them."""
     if grad.is_sparse:
         if grad.sparse_dim() != 1 or grad.dense_dim() != 1:
             raise ValueError(
@@ -48,13 +52,12 @@ def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 f"got sparse_dim {grad.sparse_dim()}, dense_dim {grad.dense_dim()}"
             )
         g = grad.coalesce()  # sums duplicate rows; indices sorted and distinct
-        idx, vals = g.indices()[0], g.values()
-        keep = vals.ne(0).any(dim=1)
-        return idx[keep], vals[keep]
+        vals = g.values()
+        return g.indices()[0], vals, vals.ne(0).any(dim=1)
     if grad.layout != torch.strided:
         raise ValueError(f"SparseRowAdam takes a dense or sparse COO gradient, got layout {grad.layout}")
     idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # O(table): reads every entry
-    return idx, grad.index_select(0, idx)
+    return idx, grad.index_select(0, idx), torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
 
 
 class SparseRowAdam(torch.optim.Optimizer):
@@ -84,7 +87,7 @@ class SparseRowAdam(torch.optim.Optimizer):
             )
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0}
         super().__init__(params, defaults)
-        self.rows_updated = 0
+        self._rows_updated: list[torch.Tensor] = []  # the last step's count per parameter, on its device
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -110,13 +113,13 @@ class SparseRowAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.rows_updated = 0
+        self._rows_updated = []
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                idx, g = _touched_rows(p.grad)
+                idx, g, keep = _touched_rows(p.grad)
                 if idx.numel() == 0:
                     continue
                 state = self.state[p]
@@ -124,24 +127,33 @@ class SparseRowAdam(torch.optim.Optimizer):
                     state.update(self._init_state(p))
                 m_all, v_all, s_all = state["exp_avg"], state["exp_avg_sq"], state["step"]
                 g = g.to(m_all.dtype)
-                s = s_all.index_select(0, idx) + 1
-                m = m_all.index_select(0, idx).mul_(beta1).add_(g, alpha=1 - beta1)
-                v = v_all.index_select(0, idx).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                # Every row of idx is gathered and written back; a row with a zero gradient (keep False)
+                # gets its old count, moments and weight again, bit for bit.
+                k = keep.unsqueeze(1)
+                s = s_all.index_select(0, idx) + keep
+                m_old, v_old = m_all.index_select(0, idx), v_all.index_select(0, idx)
+                m = torch.where(k, m_old.mul(beta1).add_(g, alpha=1 - beta1), m_old)
+                v = torch.where(k, v_old.mul(beta2).addcmul_(g, g, value=1 - beta2), v_old)
                 s_all.index_copy_(0, idx, s)
                 m_all.index_copy_(0, idx, m)
                 v_all.index_copy_(0, idx, v)
-                self.rows_updated += idx.numel()
+                self._rows_updated.append(keep.sum())
                 if lr == 0:
                     continue  # the moments and counts move as in Adam; the weights stay bit-identical
-                # Bias corrections per row, in float64 (as torch.optim.Adam's Python-float scalars).
-                sf = s.to(torch.float64)
+                # Bias corrections per row, in float64 (as torch.optim.Adam's Python-float scalars); a
+                # never-updated row (count 0, not kept) is corrected as if at 1 and then not written.
+                sf = s.clamp(min=1).to(torch.float64)
                 step_size = (lr / (1 - torch.pow(beta1, sf))).to(m.dtype).unsqueeze(1)
                 bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, sf)).to(m.dtype).unsqueeze(1)
                 denom = v.sqrt().div_(bc2_sqrt).add_(eps)
                 w = p.index_select(0, idx).to(m.dtype)
-                w.sub_(step_size * (m / denom))
-                p.index_copy_(0, idx, w.to(p.dtype))
+                p.index_copy_(0, idx, torch.where(k, w - step_size * (m / denom), w).to(p.dtype))
         return loss
+
+    @property
+    def rows_updated(self) -> int:
+        """How many rows (over all parameters) the last `step()` updated (reading it waits for the GPU)."""
+        return int(sum(n.item() for n in self._rows_updated))
 
     def row_steps(self, p: torch.Tensor) -> torch.Tensor:
         """The per-row step counts [R] of parameter p (zeros before its first update)."""
