@@ -225,3 +225,21 @@ def test_clip_grad_norm_takes_sparse_gradients_and_equals_torch_on_dense_ones():
         q.grad = p.grad.clone()
     assert torch.equal(clip_grad_norm_(ps, 0.5), torch.nn.utils.clip_grad_norm_(qs, 0.5))
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(ps, qs, strict=True))
+
+
+def test_the_step_leaves_deterministic_mode_as_it_found_it():
+    # The row writes turn deterministic mode off around themselves (distinct rows: any order, same bits).
+    table = nn.Parameter(randn(6, 2, seed=5))
+    opt = SparseRowAdam([table], lr=LR)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        for mode in ((True, False), (True, True), (False, False)):
+            torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+            table.grad = sparse_grad([1, 4, 1], randn(3, 2, seed=6), 6)
+            opt.step()
+            assert (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            ) == mode
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
