@@ -11,7 +11,8 @@ What `benches/gpu_session.sh` packed (history.tsv, bench-logs/, fla-pin/, the co
   this script commits, <log dir>/<name>.json (<name>-b<i>.json),
   which must have come back (the session scripts copy /tmp/<name>/ab.json to $OUT/<name>.json); a
   recorded run's /tmp/<name>/metrics.jsonl likewise at <log dir>/<name>.metrics.jsonl;
-- bench logs the repo lacks are copied into benches/logs/;
+- bench logs the repo lacks are copied into benches/logs/ (a row that names one by an absolute device
+  path, a bench run from another tree, is pointed at it);
 - the commands' *.json, *.jsonl and *.png go into the log dir as they are, their *.log without progress
   bars (tqdm's carriage-return redraws, which are most of a training log's bytes);
 - fla's kernel choices are merged into the pin (merge_fla_pin.py);
@@ -36,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # log dir): an A/B's /tmp/<name>/ab.json -> <name>.json, one of several --b's /tmp/<name>/b<i>/ab.json ->
 # <name>-b<i>.json (benches/sessions/ab-rows.sh), a recorded run's /tmp/<name>/metrics.jsonl ->
 # <name>.metrics.jsonl (`dormouse train --record`).
+# A bench run from another tree (a session's .base-tree/<commit>, writing into the repo's benches/logs/)
+# names its log by its absolute device path: the same file, committed as benches/logs/<name>.
+OUTSIDE_TREE_LOG = re.compile(r"^/.*/benches/logs/([\w.-]+\.log)$")
 DEVICE_LOGS = (
     (re.compile(r"^/tmp/([\w.-]+)/ab\.json$"), "{}.json"),
     (re.compile(r"^/tmp/([\w.-]+)/(b\d+)/ab\.json$"), "{}-{}.json"),
@@ -67,6 +71,9 @@ def new_rows(results: Path, history: Path, log_dir: Path) -> list[str]:
         if identity(row) in have:
             continue
         cells = row.split("\t")
+        outside = OUTSIDE_TREE_LOG.match(cells[log_col])
+        if outside and (results / "bench-logs" / outside.group(1)).exists():
+            cells[log_col] = f"benches/logs/{outside.group(1)}"
         for pattern, name in DEVICE_LOGS:
             match = pattern.match(cells[log_col])
             if match:

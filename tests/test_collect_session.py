@@ -44,6 +44,7 @@ def places(tmp_path):
         row("/tmp/r-rows/b2/ab.json", "ab row 2 of several --b"),
         row("benches/logs/new.log", "bench"),
         row("/tmp/recipe/metrics.jsonl", "train /tmp/recipe"),
+        row("/root/repo/benches/logs/base.log", "bench from .base-tree/<commit>"),
     ]
     (results / "history.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
     (results / "ab-x.json").write_text("{}")
@@ -53,6 +54,7 @@ def places(tmp_path):
     (results / "pick.txt").write_text("picked c1\n")
     (results / "ab-x.log").write_text("run x\n  5%|#  | 1/20\r 10%|## | 2/20\r      \reval step=2 bpb=2.5\n")
     (results / "bench-logs/new.log").write_text("bench")
+    (results / "bench-logs/base.log").write_text("base")
     (results / "fla-pin/k.json").write_text(pin_file("new"))
     (results / "tc.tgz.part_aa").write_bytes(b"kernels")
     pin, cache, logs = tmp_path / "pin", tmp_path / "cache", tmp_path / "logs"
@@ -75,6 +77,7 @@ def test_a_call_is_collected_into_the_repos_places(places, tmp_path):
         str(log_dir / "r-rows-b2.json"),
         "benches/logs/new.log",
         str(log_dir / "recipe.metrics.jsonl"),
+        "benches/logs/base.log",
     ]
     assert (log_dir / "recipe.metrics.jsonl").read_text() == '{"kind": "eval"}\n'
     assert (log_dir / "r-rows-table.md").read_text() == "| row |\n"  # several --b's table, a pick's choice
@@ -83,7 +86,7 @@ def test_a_call_is_collected_into_the_repos_places(places, tmp_path):
     assert (log_dir / "ab-x.json").read_text() == "{}" and (logs / "new.log").read_text() == "bench"
     assert sorted(json.loads((pin / "k.json").read_text())["autotune_entries"]) == ["new", "old"]
     assert [p.name for p in cache.iterdir()] == ["tc.tgz.part_aa"]
-    assert "appended 4 row(s) to history.tsv" in done and "1 kernel choice(s) added to the pin" in done
+    assert "appended 5 row(s) to history.tsv" in done and "1 kernel choice(s) added to the pin" in done
 
 
 def test_a_row_whose_ab_json_did_not_come_back_is_refused_before_anything_is_written(places, tmp_path):
