@@ -134,7 +134,7 @@ def test_the_gated_norm_runs_fla_s_gated_kernel_on_the_fused_path(monkeypatch):
     with pytest.raises(ledger.FallbackRefused, match="--norm-backend plain"):
         gated(x, gate)  # on the CPU: refused at norm.fused_unavailable
     monkeypatch.setattr(fla_kernels, "rms_norm_gated", lambda: (rms_norm_gated, ""))
-    monkeypatch.setattr(norm, "resolve_gated_backend", lambda requested, device: "fused")
+    monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device, gated=False: requested)
     counters.NORM.reset()
     y = gated(x, gate)
     assert calls == [("sigmoid", None, 1e-5)] and (counters.NORM.fused, counters.NORM.calls) == (1, 1)

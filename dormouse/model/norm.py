@@ -27,20 +27,26 @@ NORM_BACKENDS = fused_or_plain.CHOICES
 FUSED_UNAVAILABLE = ledger.register(
     "norm.fused_unavailable",
     ledger.Kind.LOUD,
-    "fused RMSNorm asked for (or auto on CUDA), but fla's rms_norm is not importable or the tensors are not on CUDA",
+    "fused RMSNorm asked for (or auto on CUDA), but fla's rms_norm (rms_norm_gated for the gated norm) is not "
+    "importable or the tensors are not on CUDA",
     __name__,
 )
 
 
-def resolve_norm_backend(requested: str, device: torch.device | str) -> str:
-    """The path RMSNorm runs for `requested` on `device`: "fused" or "plain"."""
+def resolve_norm_backend(requested: str, device: torch.device | str, *, gated: bool = False) -> str:
+    """The path RMSNorm (GatedRMSNorm, `gated`) runs for `requested` on `device`: "fused" or "plain"."""
+    kernel, name = (
+        (fla_kernels.rms_norm_gated, "fused_norm_gate.rms_norm_gated")
+        if gated
+        else (fla_kernels.rms_norm, "layernorm.rms_norm")
+    )
     return fused_or_plain.resolve(
         requested,
         device,
         flag="--norm-backend",
         site=FUSED_UNAVAILABLE,
-        kernel=fla_kernels.rms_norm,  # looked up per call: the tests stand in for it
-        needs="fla-core 0.6.0 (fla.modules.norm.layernorm.rms_norm)",
+        kernel=kernel,  # looked up per call: the tests stand in for it
+        needs=f"fla-core 0.6.0 (fla.modules.norm.{name})",
     )
 
 
@@ -102,18 +108,6 @@ def set_norm_backend(module: nn.Module, backend: str) -> None:
             m.backend = backend
 
 
-def resolve_gated_backend(requested: str, device: torch.device | str) -> str:
-    """The path GatedRMSNorm runs for `requested` (its RMSNorm's backend) on `device`: "fused" or "plain"."""
-    return fused_or_plain.resolve(
-        requested,
-        device,
-        flag="--norm-backend",
-        site=FUSED_UNAVAILABLE,
-        kernel=fla_kernels.rms_norm_gated,  # looked up per call: the tests stand in for it
-        needs="fla-core 0.6.0 (fla.modules.norm.fused_norm_gate.rms_norm_gated)",
-    )
-
-
 class GatedRMSNorm(nn.Module):
     """`RMSNorm(x) * sigmoid(gate)`, fla's FusedRMSNormGated with activation="sigmoid".
 
@@ -133,7 +127,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         norm = self.norm
-        if resolve_gated_backend(norm.backend, x.device) == "fused":
+        if resolve_norm_backend(norm.backend, x.device, gated=True) == "fused":
             counters.NORM.record(fused=True)
             fn, _ = fla_kernels.rms_norm_gated()
             return fn(x, gate, norm.weight, None, activation="sigmoid", eps=norm.eps)
