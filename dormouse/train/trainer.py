@@ -190,7 +190,7 @@ class Trainer:
             return None
         starts = span_starts(t.seed, step, t.batch_size, t.seq_len, m.jepa_span, m.jepa_spans)
         rows = rank_rows(t.batch_size, self.world.rank, self.world.size)
-        return starts[rows.start : rows.stop].to(self.device)
+        return starts[rows.start : rows.stop].to(self.device, non_blocking=True)
 
     def dropout_gen(self, step: int) -> torch.Generator | None:
         """This rank's dropout generator of step `step` (keyed by (seed, step, rank): model/dropout.py); None:
@@ -215,7 +215,9 @@ class Trainer:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
         t = self.cfg.train
         rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
-        x, y = (z.to(self.device) for z in rows)
+        # non_blocking: the host does not wait for the GPU to finish the previous update before it queues
+        # this step (a blocking copy synchronises the stream; CUDA stages pageable memory at once).
+        x, y = (z.to(self.device, non_blocking=True) for z in rows)
         self.opt.set_lr(lr_multiplier(step, t))
         depth = self.step_depth(step)
         self.depths.append(depth)
