@@ -840,7 +840,11 @@ def busy_line(spans: list[tuple[float, float]], steps: int, wall_us: float) -> s
 
 
 def idle_line(
-    spans: list[tuple[float, float]], host: list[tuple[str, float, float]], steps: int, top: int = 8, min_gap_us=10.0
+    spans: list[tuple[float, float]],
+    host: list[tuple[str, float, float]],
+    steps: int,
+    top: int = 8,
+    min_gap_us: float = 10.0,
 ) -> str:
     """Per step, in ms: the device's idle time between its first and last kernel, in gaps of at least
     `min_gap_us` between busy intervals, and the `top` host events `(name, start, end)` (µs) by their

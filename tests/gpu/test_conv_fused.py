@@ -65,6 +65,10 @@ def test_kernels_against_float64(shape, dtype, width):
     assert torch.equal(kernels.backward(x, w, dy, dx_again), dw) and torch.equal(dx_again, dx)
 
 
+def test_the_refusal_s_width_is_the_kernels_window():
+    assert kernels.TAPS == short_conv.MAX_FUSED_WIDTH
+
+
 def test_packed_convs_fused_against_the_plain_path():
     # In bf16 the plain path rounds the weights, and the conv before its SiLU: roundings apart, bounded by
     # 1e-2 as the other fused-against-plain tests' gradients are.
