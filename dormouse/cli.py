@@ -429,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="after the timed steps, N more under torch.profiler; its op table goes in the log (default 0)",
+        help="after the timed steps, N more under torch.profiler; its op tables go in the log, on CUDA after "
+        "a device-busy line and an idle line (what the host ran while the device waited) (default 0)",
     )
     p.add_argument(
         "--op",
