@@ -235,6 +235,21 @@ def test_prefill_then_step_matches_forward(short_conv):
     assert rel(torch.cat([y0, y1], 1), full) <= 1e-5
 
 
+def test_a_cache_under_autograd_equals_the_one_without():
+    # Under autograd q, k, v are convolved as slices of one projection (short_conv.convolve_packed) and the
+    # conv tails cut from it; without, each conv runs on its own projection: the same output and cache, to
+    # the rounding of one matmul against six.
+    layer = make_layer(backend="chunked", chunk_size=16)
+    for T in (19, 2):  # 2: shorter than the conv, its tail padded with zeros in front
+        x = torch.randn(2, T, 32, generator=rng.generator(0, T, "test"))
+        y, cache = layer(x, return_cache=True)
+        with torch.no_grad():
+            y_ref, cache_ref = layer(x, return_cache=True)
+        assert rel(y.detach(), y_ref) <= 1e-5 and rel(cache.state.detach(), cache_ref.state) <= 1e-5
+        assert all(rel(a.detach(), b) <= 1e-5 for a, b in zip(cache.conv, cache_ref.conv, strict=True))
+        assert [tuple(t.shape) for t in cache.conv] == [(2, 3, 16)] * 3
+
+
 # --- the layer's pieces ----------------------------------------------------------------------------
 
 
