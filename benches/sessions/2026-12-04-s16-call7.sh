@@ -9,6 +9,9 @@
 #  1. GPU test: the graphed step still equals the eager one bit for bit.
 #  2. B 64 --cuda-graph, two arms twice each, interleaved: 6e318ff (call 6's) and this commit; then this
 #     commit profiled (the idle line).
+#  3. benches/engram_update_probe.py at small B 64: the eager engram update's time, and whether a dense
+#     gradient (deterministic index_add_) and a masked dense lazy-Adam update can be captured, and at what
+#     cost: the next lever's design (docs/performance.md, Next).
 # Carry .whl, .gpu-data, .device-commit, .triton-cache and .base-tree (mkdir -p .base-tree/6e318ff && git archive 6e318ff
 # dormouse | tar x -C .base-tree/6e318ff).
 V=.gpu-data/ts-val
@@ -21,4 +24,5 @@ for i in 1 2; do
   cmds+=("$(timed b64-rows-$i "python3 -m dormouse bench $S --note 'batch 64, SparseRowAdam row writes outside deterministic mode, non-blocking batch copies, arm $i of 2 arms x 2'")")
 done
 cmds+=("$(timed profile-b64-idle "python3 -m dormouse bench $S --profile 3 --note 'batch 64, profiled with the idle line'" 'ms_per_step|first_step|Error|device busy|device idle')")
+cmds+=("timeout 120 python3 benches/engram_update_probe.py --data $V > \$OUT/engram-update-probe.log 2>&1; tail -8 \$OUT/engram-update-probe.log")
 exec bash benches/gpu_session.sh "${cmds[@]}"
