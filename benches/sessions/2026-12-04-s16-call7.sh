@@ -17,6 +17,8 @@
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V --batch-size 64"
 source benches/sessions/timed.sh
+# Session 17 starts with no Triton cache (a fresh checkout): bring the compiled kernels back.
+export TRITON_CACHE_BACK=1
 cmds=("timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_graphed_step.py > \$OUT/gpu-graphed.log 2>&1; tail -3 \$OUT/gpu-graphed.log")
 base="cd .base-tree/6e318ff && DORMOUSE_COMMIT=6e318ff python3 -m dormouse bench ${S/$V/../../$V} --history ../../benches/history.tsv --log-dir ../../benches/logs"
 for i in 1 2; do
