@@ -393,14 +393,14 @@ class KDALayer(nn.Module):
         return y[:, 0], cache
 
     def _gate_input(self, f_low: torch.Tensor) -> torch.Tensor:
-        """The decay gate's raw input [B,T,H,K] (before dt_bias) from its low-rank half f_a(x), in fp32 at least."""
+        """The decay gate's raw input [B,T,H,K] (before dt_bias) from its low-rank half f_a(x), in the
+        projection's dtype (bf16 under autocast: fla's in-kernel gate reads it as is, see `_mix`)."""
         B, T, _ = f_low.shape
-        f = self.f_b(f_low)
-        return f.to(_compute_dtype(f)).view(B, T, self.n_heads, self.head_dim)
+        return self.f_b(f_low).view(B, T, self.n_heads, self.head_dim)
 
     def _decay(self, f: torch.Tensor) -> torch.Tensor:
-        """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input `f`."""
-        f = f + self.dt_bias.view(self.n_heads, self.head_dim)
+        """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input `f`, in fp32 at least."""
+        f = f.to(_compute_dtype(f)) + self.dt_bias.view(self.n_heads, self.head_dim)
         A = self.A_log.exp()[:, None]
         if self.gate_lower_bound is None:
             return -A * F.softplus(f)
@@ -435,6 +435,9 @@ class KDALayer(nn.Module):
         options = self.fla_options
         if self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla":
             options = options | prep_in_kernel_options(self.A_log, self.dt_bias, self.gate_lower_bound)
+            # The gate's input in the projection's dtype, uncast: fla's gate kernels load it as fp32 (exact
+            # from bf16) and round its gradient once to its dtype, as the cast's backward would: the same
+            # bits without a [B, T, H, K] fp32 copy each way (docs/performance.md, session 17).
             q, k, g, beta = q.to(v.dtype), k.to(v.dtype), f, b
         else:
             # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so

@@ -79,3 +79,31 @@ def test_layer_on_cuda_runs_fla_and_matches_chunked(options):
     for name, params in layer.param_groups().items():
         for got, p in zip(grads[name], params, strict=True):
             assert gate.rel_err(p.grad, got.double()) <= gate.TOLERANCE["bf16"], name
+
+
+def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
+    # The layer hands fla's in-kernel gate the projection's bf16 output uncast (kda.py, `_mix`): fla loads
+    # it as fp32 and rounds its gradient once to bf16, as a cast to fp32 and that cast's backward would.
+    fn = fla_kernels.chunk_kda()[0]
+    gen = rng.generator(0, 0, "test")
+    B, T, H, K = 4, 512, 8, 64
+    q, k, v = (torch.randn(B, T, H, K, generator=gen).cuda().bfloat16() for _ in range(3))
+    f = torch.randn(B, T, H, K, generator=gen).cuda().bfloat16()
+    b = torch.randn(B, T, H, generator=gen).cuda().bfloat16()
+    A_log = torch.randn(H, generator=gen).cuda()
+    dt_bias = torch.randn(H * K, generator=gen).cuda()
+    do = torch.randn(B, T, H, K, generator=gen).cuda().bfloat16()
+    runs = []
+    for cast in (True, False):
+        g = f.detach().clone().requires_grad_()
+        A, bias = A_log.clone().requires_grad_(), dt_bias.clone().requires_grad_()
+        o, _ = fn(
+            q, k, v, g.float() if cast else g, b,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            A_log=A, dt_bias=bias, lower_bound=-5.0, safe_gate=True,
+        )  # fmt: skip
+        o.backward(do)
+        runs.append((o.detach(), g.grad, A.grad, bias.grad))
+    for name, with_cast, uncast in zip(("o", "dg", "dA_log", "ddt_bias"), *runs, strict=True):
+        assert with_cast.dtype == uncast.dtype, name
+        assert torch.equal(with_cast, uncast), name
