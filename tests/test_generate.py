@@ -105,7 +105,8 @@ def first_iteration_by_hand(model, ids):
         if str(j) in model.engram:
             memory = model.engram[str(j)]
             x = x + memory(x, memory.keys(ids), None)[0]
-        x = x + layer(x)[0]
+        branches = layer(x)[0]
+        x = (x + branches.a) + branches.f
     return torch.nn.functional.linear(model.final_norm(x), model.embed.weight), x
 
 

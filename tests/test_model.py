@@ -235,7 +235,9 @@ def test_grad_iterations_records_gradients_through_the_last_iterations_only():
     x, y = ids(2, 24), ids(2, 24, step=1)
     model = DormouseLM(tiny())
     full, last = model(x, y), model(x, y, grad_iterations=1)
-    assert torch.equal(full.loss, last.loss)  # the same function, fewer gradients
+    # The same function, fewer gradients. Not the same bits: without gradients a KDA layer projects q, k,
+    # v, ... by one matmul each instead of the packed one (kda.py `_project`), another rounding.
+    assert (full.logits - last.logits).abs().max() <= 1e-6 and (full.loss - last.loss).abs() <= 1e-5
     last.loss.backward()
     assert model.engram["0"].table.weight.grad is None  # the memory acts in the first iteration only
     assert model.layers[0].mixer.q_proj.weight.grad.abs().sum() > 0  # the second iteration's
@@ -363,7 +365,8 @@ def test_a_layer_under_drop_path_is_its_branches_masked_per_sequence_in_draw_ord
     keep_a, keep_f = (torch.rand((6, 1, 1), generator=gen) >= p for _ in range(2))
     a = layer.mixer(layer.mixer_norm(x)) * keep_a / (1 - p)
     f, _ = layer.ffn(layer.ffn_norm(x + a))
-    assert torch.equal(got, a + f * keep_f / (1 - p))
+    assert torch.equal(got.a, a) and torch.equal(got.mixed, x + a)
+    assert torch.equal(got.f, f * keep_f / (1 - p))
     assert 0 < int(keep_a.sum()) < 6 and not torch.equal(keep_a, keep_f)  # this draw tests both cases
 
 

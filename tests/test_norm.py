@@ -45,22 +45,29 @@ def test_config_resolves_and_the_model_sets_every_norm():
 
 
 def stand_in_ops(calls):
-    """fla's layer_norm_fwd / layer_norm_bwd for RMSNorm (no bias, no residual), in torch: fp32 inside, the
-    output written in `out_dtype`, dx in `x_dtype`, as fla documents them."""
+    """fla's layer_norm_fwd / layer_norm_bwd for RMSNorm (no bias), in torch, as fla documents them: fp32
+    inside, the output written in `out_dtype`, dx in `x_dtype`; with a residual, the norm of x + residual
+    (the sum returned in residual's dtype) and, backward, the sum's gradient `dres` added to dx (dres_in:
+    that in x's dtype, dx itself where the dtypes agree)."""
 
-    def fwd(x, weight, bias, eps, out_dtype=None, is_rms_norm=False):
+    def fwd(x, weight, bias, eps, residual=None, out_dtype=None, is_rms_norm=False):
         calls.append(("fwd", x.shape, out_dtype, is_rms_norm))
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-        return (x.float() * rstd[:, None] * weight).to(out_dtype or x.dtype), None, rstd, x
+        normed = x if residual is None else (x.float() + residual.float()).to(residual.dtype)
+        rstd = torch.rsqrt(normed.float().pow(2).mean(-1) + eps)
+        return (normed.float() * rstd[:, None] * weight).to(out_dtype or x.dtype), None, rstd, normed
 
-    def bwd(dy, x, weight, bias, rstd=None, is_rms_norm=False, x_dtype=None):
+    def bwd(dy, x, weight, bias, rstd=None, dres=None, has_residual=False, is_rms_norm=False, x_dtype=None):
         calls.append(("bwd", dy.dtype, is_rms_norm, x_dtype))
         with torch.enable_grad():  # a backward runs without grad mode
             xf = x.detach().float().requires_grad_()
             wf = weight.detach().float().requires_grad_()
             y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * wf
             dx, dw = torch.autograd.grad(y, (xf, wf), dy.float())
-        return dx.to(x_dtype), dw, None, None
+        if dres is not None:
+            dx = dx + dres.float()
+        out = dx.to(x_dtype)
+        dres_in = None if not has_residual else out if x_dtype == x.dtype else dx.to(x.dtype)
+        return out, dw, None, dres_in
 
     return type("Ops", (), {"layer_norm_fwd": staticmethod(fwd), "layer_norm_bwd": staticmethod(bwd)})
 
@@ -102,6 +109,55 @@ def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(mo
     assert calls[:2] == [("fwd", (6, 8), torch.bfloat16, True), ("bwd", torch.bfloat16, True, torch.float32)]
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("flagged", [True, False], ids=["feeds-one-matmul", "plain-output"])
+def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
+    # One kernel each way (fla's residual arguments, these stand-ins computing as fla documents) against a
+    # separate fp32 add of the bf16 branch into the fp32 stream, then the norm: the sum, the output and
+    # every gradient (branch, stream, weight) bit for bit, as the arithmetic is the same.
+    from dormouse.model import fla_kernels, norm
+
+    ops = stand_in_ops([])
+
+    def rms_norm(x, weight, bias, eps):  # fla's rms_norm: the same kernel, the input's dtype out
+        return ops.layer_norm_fwd(x.reshape(-1, x.shape[-1]), weight, bias, eps)[0].view(x.shape)
+
+    monkeypatch.setattr(fla_kernels, "layer_norm_ops", lambda: (ops, ""))
+    monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (rms_norm, ""))
+    monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device: "fused")
+    gen = torch.Generator().manual_seed(0)
+    a0 = torch.randn(2, 3, 8, generator=gen).bfloat16()
+    x0 = 3 * torch.randn(2, 3, 8, generator=gen)
+    w0 = 1 + 0.1 * torch.randn(8, generator=gen)
+    lin = torch.randn(5, 8, generator=gen)
+    results = []
+    for together in (True, False):
+        n = RMSNorm(8, eps=1e-6)
+        n.feeds_one_matmul = flagged
+        with torch.no_grad():
+            n.weight.copy_(w0)
+        a, x = a0.clone().requires_grad_(), x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = None if together else x + a
+            h, mixed = n.add_and_norm(a, x) if together else (n(mixed), mixed)
+            out = torch.nn.functional.linear(h, lin)
+        assert mixed.dtype == torch.float32 and h.dtype == (torch.bfloat16 if flagged else torch.float32)
+        (out.float().square().sum() + mixed.sin().sum()).backward()  # the sum feeds the stream too
+        results.append((mixed, out, a.grad, x.grad, n.weight.grad))
+    assert results[0][2].dtype == torch.bfloat16 and results[0][3].dtype == torch.float32
+    for name, got, want in zip(("sum", "out", "d branch", "d stream", "d weight"), *results, strict=True):
+        assert torch.equal(got, want), name
+
+
+def test_add_and_norm_plain_is_the_sum_then_the_norm_and_refuses_a_narrower_stream():
+    gen = torch.Generator().manual_seed(1)
+    n = RMSNorm(8, eps=1e-6)
+    a, x = torch.randn(4, 8, generator=gen).bfloat16(), torch.randn(4, 8, generator=gen)
+    h, mixed = n.add_and_norm(a, x)
+    assert torch.equal(mixed, x + a.float()) and torch.equal(h, n(x + a.float()))
+    with pytest.raises(ValueError, match="narrower"):
+        n.add_and_norm(x, a)
 
 
 def test_the_block_flags_the_norms_that_feed_one_matmul():

@@ -46,6 +46,25 @@ class Stream:
         else:
             self.sources.append(delta)
 
+    def add_layer(self, branches: "Branches", gate: torch.Tensor | None = None) -> None:
+        """A block layer's outputs, scaled by MoR's `gate` where routed. The plain stream continues from
+        x + a, which the FFN's pre-norm formed (in fp32), plus f; AttnRes and MoR take the delta a + f."""
+        if self.attn_res is None and gate is None:
+            self.x = branches.mixed + branches.f
+            return
+        delta = branches.a + branches.f
+        self.add(delta if gate is None else gate * delta)
+
+
+@dataclass(frozen=True)
+class Branches:
+    """What a block layer gives the stream from its input x: its mixer's output `a`, its FFN's `f`, and
+    `mixed` = x + a in x's dtype (the FFN's pre-norm input, summed in the norm: RMSNorm.add_and_norm)."""
+
+    mixed: torch.Tensor
+    a: torch.Tensor
+    f: torch.Tensor
+
 
 @dataclass(frozen=True)
 class LoopPlan:

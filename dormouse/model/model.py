@@ -35,7 +35,7 @@ from dormouse.model.ffn import make_ffn, set_swiglu_backend
 from dormouse.model.init import normal_init_
 from dormouse.model.jepa import Predictor, jepa_term
 from dormouse.model.kda import KDALayer
-from dormouse.model.loop import LoopPlan, MoRRouter, Stream, check_exit, top1_probability
+from dormouse.model.loop import Branches, LoopPlan, MoRRouter, Stream, check_exit, top1_probability
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm, set_norm_backend
 from dormouse.model.short_conv import set_conv_backend
@@ -79,7 +79,7 @@ class Trunk:
 
 
 class Layer(nn.Module):
-    """Pre-norm mixer then pre-norm FFN. Returns what the layer adds (mixer + FFN outputs)."""
+    """Pre-norm mixer then pre-norm FFN. Returns its branches' outputs (loop.Branches): the stream adds them."""
 
     def __init__(self, cfg: ModelConfig, gen: torch.Generator, mixer: str):
         super().__init__()
@@ -113,7 +113,7 @@ class Layer(nn.Module):
         self.ffn_norm.feeds_one_matmul = cfg.n_experts == 1
 
     def forward(self, x, cache=None, *, step: bool = False, want_cache: bool = False, drop=keep_all):
-        """x [B,T,d] (or [B,d] with step=True) -> (delta, aux, cache or None). `drop` is applied to the
+        """x [B,T,d] (or [B,d] with step=True) -> (Branches, aux, cache or None). `drop` is applied to the
         mixer's and the FFN's outputs (dropout, as nanoGPT's residual branches)."""
         h = self.mixer_norm(x)
         if step:
@@ -123,8 +123,9 @@ class Layer(nn.Module):
         else:
             a, cache = self.mixer(h, cache), None
         a = drop(a)
-        f, aux = self.ffn(self.ffn_norm(x + a))
-        return a + drop(f), aux, cache
+        h, mixed = self.ffn_norm.add_and_norm(a, x)
+        f, aux = self.ffn(h)
+        return Branches(mixed, a, drop(f)), aux, cache
 
     def advance_state(self, x: torch.Tensor, cache):
         """The mixer's state after one more position x [B,d]; its output is dropped, the FFN not run."""
@@ -248,8 +249,8 @@ class DormouseLM(nn.Module):
                 out.engram = read if out.engram is None else out.engram + read
                 stream.add(engram_drop(delta))
             cache = None if caches is None else caches[r * len(self.layers) + j]
-            delta, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache, drop=drop)
-            stream.add(delta if gate is None else gate * delta)
+            branches, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache, drop=drop)
+            stream.add_layer(branches, gate)
             out.caches.append(cache)
             for name, value in aux.items():
                 out.aux[name] = out.aux.get(name, 0.0) + value

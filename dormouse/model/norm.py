@@ -67,10 +67,31 @@ class RMSNorm(nn.Module):
         counters.NORM.record(fused=fused)
         if fused:
             if self.feeds_one_matmul and torch.is_autocast_enabled(x.device.type):
-                return _RMSNormTo.apply(x, self.weight, self.eps, torch.get_autocast_dtype(x.device.type))
+                return _RMSNormTo.apply(x, None, self.weight, self.eps, torch.get_autocast_dtype(x.device.type))
             fn, _ = fla_kernels.rms_norm()
             # fla normalises in fp32 and returns the input dtype, as the plain path below does.
             return fn(x, self.weight, None, eps=self.eps)
+        return self._plain(x)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the pre-norm of a residual stream `residual` that a branch's
+        output `x` has just joined, the sum in residual's dtype (at least as wide as x's: the fp32 stream
+        and a bf16 branch). On the fused path one fla kernel each way forms the sum and normalises it, and
+        backward adds the sum's gradient to the norm's: no separate add, cast or gradient sum
+        (docs/performance.md, session 17). One call counts once in counters.NORM."""
+        if torch.promote_types(x.dtype, residual.dtype) != residual.dtype:
+            narrower = f"{residual.dtype} is narrower than {x.dtype}"
+            raise ValueError(f"add_and_norm sums into the residual's dtype: {narrower}")
+        fused = resolve_norm_backend(self.backend, x.device) == "fused"
+        counters.NORM.record(fused=fused)
+        if fused:
+            autocast = self.feeds_one_matmul and torch.is_autocast_enabled(x.device.type)
+            out_dtype = torch.get_autocast_dtype(x.device.type) if autocast else residual.dtype
+            return _RMSNormTo.apply(x, residual, self.weight, self.eps, out_dtype)
+        mixed = residual + x
+        return self._plain(mixed), mixed
+
+    def _plain(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 at least (as fla's fused kernels do), hand back the input dtype.
         dtype = torch.promote_types(x.dtype, torch.float32)
         y = F.rms_norm(x.to(dtype), (x.shape[-1],), self.weight.to(dtype), self.eps)
@@ -79,24 +100,36 @@ class RMSNorm(nn.Module):
 
 class _RMSNormTo(torch.autograd.Function):
     """fla's RMSNorm kernels (fp32 inside) with the output written in `out_dtype` and the gradient read in
-    whatever dtype it arrives: fla's own LayerNormFunction, less its residual and groups, plus out_dtype."""
+    whatever dtype it arrives; with a `residual`, the norm of residual + x, the sum formed in the kernel and
+    returned too (in residual's dtype), its gradient added to the norm's in the backward kernel. fla's own
+    LayerNormFunction, less its groups, plus out_dtype."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    def forward(ctx, x, residual, weight, eps: float, out_dtype: torch.dtype):
         ops = fla_kernels.layer_norm_ops()[0]
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        y, _, rstd, _ = ops.layer_norm_fwd(rows, weight, None, eps, out_dtype=out_dtype, is_rms_norm=True)
-        ctx.save_for_backward(rows, weight, rstd)
-        ctx.x_shape = x.shape
-        return y.view(x.shape)
+        res = None if residual is None else residual.reshape(rows.shape).contiguous()
+        # `normed` is the sum with a residual, the rows themselves without one.
+        y, _, rstd, normed = ops.layer_norm_fwd(
+            rows, weight, None, eps, residual=res, out_dtype=out_dtype, is_rms_norm=True
+        )
+        ctx.save_for_backward(normed, weight, rstd)
+        ctx.x_shape, ctx.x_dtype, ctx.has_residual = x.shape, x.dtype, residual is not None
+        y = y.view(x.shape)
+        return y if residual is None else (y, normed.view(x.shape))
 
     @staticmethod
-    def backward(ctx, dy: torch.Tensor):
+    def backward(ctx, dy: torch.Tensor, dsum: torch.Tensor | None = None):
         ops = fla_kernels.layer_norm_ops()[0]
-        rows, weight, rstd = ctx.saved_tensors
-        dy = dy.reshape(rows.shape).contiguous()
-        dx, dw, _, _ = ops.layer_norm_bwd(dy, rows, weight, None, rstd=rstd, is_rms_norm=True, x_dtype=rows.dtype)
-        return dx.view(ctx.x_shape), dw, None, None
+        normed, weight, rstd = ctx.saved_tensors
+        dy = dy.reshape(normed.shape).contiguous()
+        dres = None if dsum is None else dsum.reshape(normed.shape).contiguous()
+        dx, dw, _, dres_in = ops.layer_norm_bwd(
+            dy, normed, weight, None, rstd=rstd, dres=dres, has_residual=ctx.has_residual, is_rms_norm=True,
+            x_dtype=ctx.x_dtype,
+        )  # fmt: skip
+        dresidual = None if dres_in is None else dres_in.view(ctx.x_shape)
+        return dx.view(ctx.x_shape), dresidual, dw, None, None
 
 
 def set_norm_backend(module: nn.Module, backend: str) -> None:

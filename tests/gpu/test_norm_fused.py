@@ -101,6 +101,37 @@ def test_a_norm_feeding_one_matmul_changes_values_by_one_rounding(shape):
     assert all(measured[name] <= tol for name, tol in FLAGGED_TOL.items()), measured
 
 
+@pytest.mark.parametrize("flagged", [True, False], ids=["feeds-one-matmul", "plain-output"])
+@pytest.mark.parametrize("shape", [(64, 512, 512), (3, 7, 96)], ids=["small-b64", "ragged"])
+def test_add_and_norm_fused_against_plain(shape, flagged):
+    # fla's kernel forms the stream + branch sum itself (the same fp32 add: equal bits), normalises it and,
+    # backward, adds the sum's gradient to the norm's (one rounding of the branch's gradient to bf16, where
+    # the plain path's autograd sums in fp32 and casts too). Bounded like a flagged norm above.
+    gen = rng.generator(0, 3, "test")
+    a0 = torch.randn(*shape, generator=gen).bfloat16().cuda()
+    x0 = (3 * torch.randn(*shape, generator=gen)).cuda()
+    w0 = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).cuda()
+    lin = torch.randn(4 * shape[-1], shape[-1], generator=gen).cuda()
+    results = []
+    for backend in ("fused", "plain"):
+        norm = RMSNorm(shape[-1], eps=1e-6).cuda()
+        norm.backend, norm.feeds_one_matmul = backend, flagged
+        with torch.no_grad():
+            norm.weight.copy_(w0)
+        a, x = a0.clone().requires_grad_(), x0.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h, mixed = norm.add_and_norm(a, x)
+            out = torch.nn.functional.linear(h, lin)
+        (out.float().square().mean() + mixed.sin().mean()).backward()
+        results.append((mixed, out, a.grad, x.grad, norm.weight.grad))
+    (mixed, *fused), (mixed_plain, *plain) = results
+    assert torch.equal(mixed, mixed_plain)
+    tol = {"output": 2.0**-7, "d branch": 1e-2, "d stream": 1e-2, "d weight": 1e-2}
+    measured = {name: rel(a, b) for name, a, b in zip(tol, fused, plain, strict=True)}
+    print("add_and_norm fused vs plain, max|d|/max|ref|:", measured)
+    assert all(measured[name] <= tol[name] for name in tol), measured
+
+
 def test_the_model_step_with_the_flags_off_differs_by_roundings():
     cfg = resolve(build("nano"), cuda_available=True)
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
