@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import fla_kernels, fused_or_plain, kda, short_conv
+from dormouse.model import fla_kernels, fused_or_plain, kda, norm, short_conv
 from dormouse.model.model import DormouseLM
 
 
@@ -132,6 +132,12 @@ def fla_standins(mode: Inventory):
         def prepare_input(x):
             return x, x.stride(-2)
 
+    def add_norm_backward(dy, normed, weight, rstd, dsum, x_dtype):
+        return torch.zeros(normed.shape, dtype=x_dtype), torch.zeros_like(normed), torch.zeros_like(weight)
+
+    class AddNormKernels:  # model/norm_kernels.py: dx, the residual's gradient (fp32), dw
+        backward = staticmethod(_opaque(mode, add_norm_backward))
+
     norm_ops = LayerNormOps()
     for name in ("layer_norm_fwd", "layer_norm_bwd"):
         setattr(norm_ops, name, _opaque(mode, getattr(LayerNormOps, name)))
@@ -144,11 +150,13 @@ def fla_standins(mode: Inventory):
     }
     saved = {name: getattr(fla_kernels, name) for name in accessors}
     saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
+    saved_add_norm = norm.add_norm_kernels
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
     fused_or_plain.resolve = lambda requested, device, **_: "fused"
     kda.resolve_kda_backend = lambda requested, device: "fla"
     short_conv.fused_kernels = lambda: (ConvKernels, "")
+    norm.add_norm_kernels = lambda: (AddNormKernels, "")
     try:
         yield
     finally:
@@ -156,6 +164,7 @@ def fla_standins(mode: Inventory):
             setattr(fla_kernels, name, accessor)
         fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
         short_conv.fused_kernels = saved_conv
+        norm.add_norm_kernels = saved_add_norm
 
 
 def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None) -> Inventory:

@@ -72,6 +72,16 @@ def stand_in_ops(calls):
     return type("Ops", (), {"layer_norm_fwd": staticmethod(fwd), "layer_norm_bwd": staticmethod(bwd)})
 
 
+def stand_in_add_norm_kernels(ops):
+    """model/norm_kernels.py's backward as fla's layer_norm_bwd with `dres` computes it (the same arithmetic)."""
+
+    def backward(dy, normed, weight, rstd, dsum, x_dtype):
+        dx, dw, _, dres_in = ops.layer_norm_bwd(dy, normed, weight, None, rstd, dsum, True, True, x_dtype)
+        return dx, dres_in, dw
+
+    return type("Kernels", (), {"backward": staticmethod(backward)})
+
+
 def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(monkeypatch):
     # On the fused path under autocast the norm hands the matmul what autocast's cast would have (the fp32
     # output rounded once to bf16) and takes the bf16 gradient as the cast's backward would (exactly):
@@ -113,7 +123,8 @@ def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(mo
 
 @pytest.mark.parametrize("flagged", [True, False], ids=["feeds-one-matmul", "plain-output"])
 def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
-    # One kernel each way (fla's residual arguments, these stand-ins computing as fla documents) against a
+    # One kernel each way (fla's forward with its residual, dormouse's backward: these stand-ins compute as
+    # fla documents its `residual` and `dres`) against a
     # separate fp32 add of the bf16 branch into the fp32 stream, then the norm: the sum, the output and
     # every gradient (branch, stream, weight) bit for bit, as the arithmetic is the same.
     from dormouse.model import fla_kernels, norm
@@ -125,6 +136,7 @@ def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
 
     monkeypatch.setattr(fla_kernels, "layer_norm_ops", lambda: (ops, ""))
     monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (rms_norm, ""))
+    monkeypatch.setattr(norm, "add_norm_kernels", lambda: (stand_in_add_norm_kernels(ops), ""))
     monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device: "fused")
     gen = torch.Generator().manual_seed(0)
     a0 = torch.randn(2, 3, 8, generator=gen).bfloat16()

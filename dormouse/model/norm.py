@@ -16,6 +16,8 @@ bf16 rounding and the gradients by what follows from it (tests/gpu/test_norm_fus
 session 15's GPU log showed it).
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,8 +103,8 @@ class RMSNorm(nn.Module):
 class _RMSNormTo(torch.autograd.Function):
     """fla's RMSNorm kernels (fp32 inside) with the output written in `out_dtype` and the gradient read in
     whatever dtype it arrives; with a `residual`, the norm of residual + x, the sum formed in the kernel and
-    returned too (in residual's dtype), its gradient added to the norm's in the backward kernel. fla's own
-    LayerNormFunction, less its groups, plus out_dtype."""
+    returned too (in residual's dtype), its gradient added to the norm's in the backward kernel (dormouse's,
+    model/norm_kernels.py). fla's own LayerNormFunction, less its groups, plus out_dtype."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps: float, out_dtype: torch.dtype):
@@ -123,13 +125,27 @@ class _RMSNormTo(torch.autograd.Function):
         ops = fla_kernels.layer_norm_ops()[0]
         normed, weight, rstd = ctx.saved_tensors
         dy = dy.reshape(normed.shape).contiguous()
-        dres = None if dsum is None else dsum.reshape(normed.shape).contiguous()
-        dx, dw, _, dres_in = ops.layer_norm_bwd(
-            dy, normed, weight, None, rstd=rstd, dres=dres, has_residual=ctx.has_residual, is_rms_norm=True,
-            x_dtype=ctx.x_dtype,
-        )  # fmt: skip
-        dresidual = None if dres_in is None else dres_in.view(ctx.x_shape)
-        return dx.view(ctx.x_shape), dresidual, dw, None, None
+        if not ctx.has_residual:
+            dx, dw, _, _ = ops.layer_norm_bwd(
+                dy, normed, weight, None, rstd=rstd, is_rms_norm=True, x_dtype=ctx.x_dtype
+            )
+            return dx.view(ctx.x_shape), None, dw, None, None
+        # dormouse's kernel, not fla's with `dres` (1.8 TB/s on the H200): the same arithmetic (norm_kernels.py).
+        kernels, why = add_norm_kernels()
+        if kernels is None:  # the fused path runs where fla, hence Triton, is: not reached in practice
+            raise RuntimeError(f"the fused add_and_norm's backward needs Triton: {why}")
+        dx, dresidual, dw = kernels.backward(dy, normed, weight, rstd, dsum.reshape(normed.shape), ctx.x_dtype)
+        return dx.view(ctx.x_shape), dresidual.view(ctx.x_shape), dw, None, None
+
+
+@functools.cache
+def add_norm_kernels() -> tuple[object | None, str]:
+    """dormouse's Triton kernel for add_and_norm's backward (model/norm_kernels.py), or None and why not."""
+    try:
+        from dormouse.model import norm_kernels
+    except ImportError as err:  # no Triton: the CPU set-up
+        return None, f"{type(err).__name__}: {err}"
+    return norm_kernels, ""
 
 
 def set_norm_backend(module: nn.Module, backend: str) -> None:
