@@ -437,7 +437,8 @@ class KDALayer(nn.Module):
             options = options | prep_in_kernel_options(self.A_log, self.dt_bias, self.gate_lower_bound)
             # The gate's input in the projection's dtype, uncast: fla's gate kernels load it as fp32 (exact
             # from bf16) and round its gradient once to its dtype, as the cast's backward would: the same
-            # bits without a [B, T, H, K] fp32 copy each way (docs/performance.md, session 17).
+            # arithmetic without a [B, T, H, K] fp32 copy each way (the output and g's gradient bit for bit,
+            # A_log's and dt_bias's sums to fp32 rounding: tests/gpu/test_kda_fla.py).
             q, k, g, beta = q.to(v.dtype), k.to(v.dtype), f, b
         else:
             # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so

@@ -83,7 +83,8 @@ def test_layer_on_cuda_runs_fla_and_matches_chunked(options):
 
 def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
     # The layer hands fla's in-kernel gate the projection's bf16 output uncast (kda.py, `_mix`): fla loads
-    # it as fp32 and rounds its gradient once to bf16, as a cast to fp32 and that cast's backward would.
+    # it as fp32 and rounds its gradient once to bf16, as a cast to fp32 and that cast's backward would:
+    # the output and the gate's gradient bit for bit, A_log's and dt_bias's gradients to fp32 rounding.
     fn = fla_kernels.chunk_kda()[0]
     gen = rng.generator(0, 0, "test")
     B, T, H, K = 4, 512, 8, 64
@@ -106,4 +107,8 @@ def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
         runs.append((o.detach(), g.grad, A.grad, bias.grad))
     for name, with_cast, uncast in zip(("o", "dg", "dA_log", "ddt_bias"), *runs, strict=True):
         assert with_cast.dtype == uncast.dtype, name
-        assert torch.equal(with_cast, uncast), name
+        if name in ("o", "dg"):
+            assert torch.equal(with_cast, uncast), name
+        else:  # summed in fp32 by code compiled for the other input dtype: equal to fp32 rounding, not bit for
+            # bit (session 17, call 3: dA_log differed in its last bits)
+            assert gate.rel_err(uncast, with_cast.double()) <= 1e-6, name
