@@ -9,6 +9,7 @@ import torch
 from dormouse import config, ledger, rng
 from dormouse.errors import DormouseError
 from dormouse.model.dropout import branch_drop_of, drop_path, dropout, keep_all, step_generator
+from dormouse.model.loop import Branches, Stream
 from dormouse.model.model import DormouseLM
 
 MIXERS = ("kda", "attention")
@@ -411,3 +412,19 @@ def test_dropout_is_refused_outside_zero_to_one():
     for p in (1.0, -0.1):
         with pytest.raises(config.ConfigError, match=r"dropout .* out of range; allowed \[0.0, 1.0\)"):
             tiny(dropout=p)
+
+
+def test_the_plain_stream_hands_the_next_layer_its_input_unsummed_and_other_readers_the_sum():
+    # A block layer's f waits in the stream: the next block layer adds it in its pre-norm's kernel
+    # (layer_input), every other reader gets the fp32 sum x + a + f (input); MoR's gate takes the delta.
+    gen = torch.Generator().manual_seed(0)
+    e, mixed, a = (torch.randn(2, 3, 4, generator=gen) for _ in range(3))
+    f = torch.randn(2, 3, 4, generator=gen).bfloat16()
+    stream = Stream(e, None)
+    stream.add_layer(Branches(mixed, a.bfloat16(), f))
+    x, pending = stream.layer_input(1)
+    assert x is mixed and pending is f
+    assert torch.equal(stream.input(-1), mixed + f) and stream.layer_input(1)[1] is None
+    gate = torch.full((2, 3, 1), 0.5)
+    stream.add_layer(Branches(mixed, a.bfloat16(), f), gate)
+    assert stream.pending is None and torch.equal(stream.x, (mixed + f) + gate * (a.bfloat16() + f))

@@ -25,32 +25,50 @@ from dormouse.model.init import linear, normal_init_
 
 class Stream:
     """What the loop carries at its positions: the residual stream `x`, or with AttnRes the list of
-    sources (embedding first, then every engram and layer output) each layer input is mixed from."""
+    sources (embedding first, then every engram and layer output) each layer input is mixed from.
+
+    The plain stream holds a block layer's output as `x` = its x + a and `pending` = its f, not yet
+    added: the next block layer adds it inside its pre-norm's kernel (`layer_input`), and every other
+    reader (an engram memory, the re-injection, the head) gets the sum (`input`), the same fp32 add."""
 
     def __init__(self, e: torch.Tensor, attn_res: nn.ModuleList | None):
         self.e, self.attn_res = e, attn_res
         self.x, self.sources = e, [e]
+        self.pending: torch.Tensor | None = None
 
     def reinject(self) -> None:
         """The start of an iteration after the first: the embedding again (AttnRes always has it as a source)."""
         if self.attn_res is None:
-            self.x = self.x + self.e
+            self.x = self.settle() + self.e
 
     def input(self, j: int) -> torch.Tensor:
         """The input of block layer j; j = -1 is the hidden state the head reads."""
-        return self.x if self.attn_res is None else self.attn_res[j](self.sources)
+        return self.settle() if self.attn_res is None else self.attn_res[j](self.sources)
+
+    def settle(self) -> torch.Tensor:
+        """`x` with the pending branch output added (the plain stream's value; AttnRes: `x` as it is)."""
+        if self.pending is not None:
+            self.x, self.pending = self.x + self.pending, None
+        return self.x
+
+    def layer_input(self, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Block layer j's input as (x, a branch output still to add to it, or None): Layer.forward adds it."""
+        if self.attn_res is None:
+            return self.x, self.pending
+        return self.input(j), None
 
     def add(self, delta: torch.Tensor) -> None:
         if self.attn_res is None:
-            self.x = self.x + delta
+            self.x = self.settle() + delta
         else:
             self.sources.append(delta)
 
     def add_layer(self, branches: "Branches", gate: torch.Tensor | None = None) -> None:
         """A block layer's outputs, scaled by MoR's `gate` where routed. The plain stream continues from
-        x + a, which the FFN's pre-norm formed (in fp32), plus f; AttnRes and MoR take the delta a + f."""
+        x + a, which the FFN's pre-norm formed (in fp32), plus f (pending); AttnRes and MoR take the delta
+        a + f."""
         if self.attn_res is None and gate is None:
-            self.x = branches.mixed + branches.f
+            self.x, self.pending = branches.mixed, branches.f
             return
         delta = branches.a + branches.f
         self.add(delta if gate is None else gate * delta)

@@ -112,10 +112,14 @@ class Layer(nn.Module):
         self.mixer_norm.feeds_one_matmul = mixer == "kda"
         self.ffn_norm.feeds_one_matmul = cfg.n_experts == 1
 
-    def forward(self, x, cache=None, *, step: bool = False, want_cache: bool = False, drop=keep_all):
-        """x [B,T,d] (or [B,d] with step=True) -> (Branches, aux, cache or None). `drop` is applied to the
-        mixer's and the FFN's outputs (dropout, as nanoGPT's residual branches)."""
-        h = self.mixer_norm(x)
+    def forward(self, x, cache=None, *, pending=None, step: bool = False, want_cache: bool = False, drop=keep_all):
+        """x [B,T,d] (or [B,d] with step=True) -> (Branches, aux, cache or None). `pending`: the previous
+        layer's FFN output, still to add to x (in the pre-norm's kernel: loop.Stream). `drop` is applied to
+        the mixer's and the FFN's outputs (dropout, as nanoGPT's residual branches)."""
+        if pending is None:
+            h = self.mixer_norm(x)
+        else:
+            h, x = self.mixer_norm.add_and_norm(pending, x)
         if step:
             a, cache = self.mixer.step(h, cache)
         elif want_cache:
@@ -238,7 +242,7 @@ class DormouseLM(nn.Module):
     def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop):
         """Loop iteration r over the block's layers: updates `stream` and `out` (caches, summed layer
         terms, engram stats and tails); returns MoR's BCE term of this iteration (None when not routed)."""
-        entering, gate, bce = stream.x, None, None
+        entering, gate, bce = stream.settle(), None, None
         if r:
             stream.reinject()
             if self.router is not None:
@@ -249,7 +253,8 @@ class DormouseLM(nn.Module):
                 out.engram = read if out.engram is None else out.engram + read
                 stream.add(engram_drop(delta))
             cache = None if caches is None else caches[r * len(self.layers) + j]
-            branches, aux, cache = layer(stream.input(j), cache, step=step, want_cache=want_cache, drop=drop)
+            x, pending = stream.layer_input(j)
+            branches, aux, cache = layer(x, cache, pending=pending, step=step, want_cache=want_cache, drop=drop)
             stream.add_layer(branches, gate)
             out.caches.append(cache)
             for name, value in aux.items():
