@@ -82,33 +82,42 @@ def stand_in_add_norm_kernels(ops):
     return type("Kernels", (), {"backward": staticmethod(backward)})
 
 
-def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(monkeypatch):
-    # On the fused path under autocast the norm hands the matmul what autocast's cast would have (the fp32
-    # output rounded once to bf16) and takes the bf16 gradient as the cast's backward would (exactly):
-    # with kernels whose arithmetic ignores the output dtype (these stand-ins) the matmul's output and
-    # every gradient equal the unflagged norm's bit for bit. fla's own kernels pick their block shapes by
-    # dtype, so on the GPU the bits may differ by a rounding (tests/gpu/test_norm_fused.py).
+def fused_by_stand_ins(monkeypatch, ops) -> None:
+    """The fused norm paths chosen, fla's kernels and dormouse's add-norm backward replaced by `ops`."""
     from dormouse.model import fla_kernels, norm
-
-    calls = []
-    ops = stand_in_ops(calls)
 
     def rms_norm(x, weight, bias, eps):  # fla's rms_norm: the same kernel, the input's dtype out
         return ops.layer_norm_fwd(x.reshape(-1, x.shape[-1]), weight, bias, eps)[0].view(x.shape)
 
     monkeypatch.setattr(fla_kernels, "layer_norm_ops", lambda: (ops, ""))
     monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (rms_norm, ""))
+    monkeypatch.setattr(norm, "add_norm_kernels", lambda: (stand_in_add_norm_kernels(ops), ""))
     monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device: "fused")
+
+
+def weighted_norm(weight: torch.Tensor, feeds_one_matmul: bool) -> RMSNorm:
+    n = RMSNorm(weight.numel(), eps=1e-6)
+    n.feeds_one_matmul = feeds_one_matmul
+    with torch.no_grad():
+        n.weight.copy_(weight)
+    return n
+
+
+def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(monkeypatch):
+    # On the fused path under autocast the norm hands the matmul what autocast's cast would have (the fp32
+    # output rounded once to bf16) and takes the bf16 gradient as the cast's backward would (exactly):
+    # with kernels whose arithmetic ignores the output dtype (these stand-ins) the matmul's output and
+    # every gradient equal the unflagged norm's bit for bit. fla's own kernels pick their block shapes by
+    # dtype, so on the GPU the bits may differ by a rounding (tests/gpu/test_norm_fused.py).
+    calls = []
+    fused_by_stand_ins(monkeypatch, stand_in_ops(calls))
     gen = torch.Generator().manual_seed(0)
     x0 = torch.randn(2, 3, 8, generator=gen)
     w0 = 1 + 0.1 * torch.randn(8, generator=gen)
     lin = torch.randn(5, 8, generator=gen)
     results = []
     for flagged in (True, False):
-        n = RMSNorm(8, eps=1e-6)
-        n.feeds_one_matmul = flagged
-        with torch.no_grad():
-            n.weight.copy_(w0)
+        n = weighted_norm(w0, flagged)
         x = x0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             h = n(x)
@@ -124,20 +133,10 @@ def test_a_norm_feeding_one_matmul_writes_autocast_dtype_with_the_same_values(mo
 @pytest.mark.parametrize("flagged", [True, False], ids=["feeds-one-matmul", "plain-output"])
 def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
     # One kernel each way (fla's forward with its residual, dormouse's backward: these stand-ins compute as
-    # fla documents its `residual` and `dres`) against a
-    # separate fp32 add of the bf16 branch into the fp32 stream, then the norm: the sum, the output and
-    # every gradient (branch, stream, weight) bit for bit, as the arithmetic is the same.
-    from dormouse.model import fla_kernels, norm
-
-    ops = stand_in_ops([])
-
-    def rms_norm(x, weight, bias, eps):  # fla's rms_norm: the same kernel, the input's dtype out
-        return ops.layer_norm_fwd(x.reshape(-1, x.shape[-1]), weight, bias, eps)[0].view(x.shape)
-
-    monkeypatch.setattr(fla_kernels, "layer_norm_ops", lambda: (ops, ""))
-    monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (rms_norm, ""))
-    monkeypatch.setattr(norm, "add_norm_kernels", lambda: (stand_in_add_norm_kernels(ops), ""))
-    monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device: "fused")
+    # fla documents its `residual` and `dres`) against a separate fp32 add of the bf16 branch into the fp32
+    # stream, then the norm: the sum, the output and every gradient (branch, stream, weight) bit for bit, as
+    # the arithmetic is the same.
+    fused_by_stand_ins(monkeypatch, stand_in_ops([]))
     gen = torch.Generator().manual_seed(0)
     a0 = torch.randn(2, 3, 8, generator=gen).bfloat16()
     x0 = 3 * torch.randn(2, 3, 8, generator=gen)
@@ -145,10 +144,7 @@ def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
     lin = torch.randn(5, 8, generator=gen)
     results = []
     for together in (True, False):
-        n = RMSNorm(8, eps=1e-6)
-        n.feeds_one_matmul = flagged
-        with torch.no_grad():
-            n.weight.copy_(w0)
+        n = weighted_norm(w0, flagged)
         a, x = a0.clone().requires_grad_(), x0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             mixed = None if together else x + a

@@ -5,7 +5,10 @@ kernel on CUDA (fla's, or dormouse's own for the conv) and torch elsewhere; a fu
 (no CUDA, its kernels not importable) is refused at the op's ledger site, never replaced by the torch one.
 """
 
+import functools
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
@@ -33,3 +36,13 @@ def resolve(requested: str, device: torch.device | str, *, flag: str, site: str,
             f"install the extra `gpu` or pass {flag} plain",
         )
     return "fused"
+
+
+@functools.cache
+def own_kernels(module: str) -> tuple[ModuleType | None, str]:
+    """dormouse's own Triton kernel module `module` (model/short_conv_kernels.py, model/norm_kernels.py),
+    or None and why not: they import only where Triton is (CUDA machines)."""
+    try:
+        return importlib.import_module(module), ""
+    except ImportError as err:  # no Triton: the CPU set-up
+        return None, f"{type(err).__name__}: {err}"

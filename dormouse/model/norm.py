@@ -14,9 +14,10 @@ back to fp32 (exact), so the arithmetic is the same and two [B, T, d] passes a c
 dtypes, and another block shape sums a row's squares in another order, so an output can differ by one
 bf16 rounding and the gradients by what follows from it (tests/gpu/test_norm_fused.py measures it;
 session 15's GPU log showed it).
-"""
 
-import functools
+`add_and_norm` is the pre-norm of a residual stream a branch's output has just joined: the block layer's
+FFN pre-norm takes the mixer's output, the next layer's mixer pre-norm the FFN's (model/loop.py's Stream).
+"""
 
 import torch
 import torch.nn.functional as F
@@ -78,9 +79,9 @@ class RMSNorm(nn.Module):
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + x), residual + x): the pre-norm of a residual stream `residual` that a branch's
         output `x` has just joined, the sum in residual's dtype (at least as wide as x's: the fp32 stream
-        and a bf16 branch). On the fused path one fla kernel each way forms the sum and normalises it, and
-        backward adds the sum's gradient to the norm's: no separate add, cast or gradient sum
-        (docs/performance.md, session 17). One call counts once in counters.NORM."""
+        and a bf16 branch). On the fused path one kernel each way (fla's forward, dormouse's backward) forms
+        the sum and normalises it, and backward adds the sum's gradient to the norm's: no separate add, cast
+        or gradient sum (docs/performance.md, session 17). One call counts once in counters.NORM."""
         if torch.promote_types(x.dtype, residual.dtype) != residual.dtype:
             narrower = f"{residual.dtype} is narrower than {x.dtype}"
             raise ValueError(f"add_and_norm sums into the residual's dtype: {narrower}")
@@ -138,14 +139,9 @@ class _RMSNormTo(torch.autograd.Function):
         return dx.view(ctx.x_shape), dresidual.view(ctx.x_shape), dw, None, None
 
 
-@functools.cache
 def add_norm_kernels() -> tuple[object | None, str]:
     """dormouse's Triton kernel for add_and_norm's backward (model/norm_kernels.py), or None and why not."""
-    try:
-        from dormouse.model import norm_kernels
-    except ImportError as err:  # no Triton: the CPU set-up
-        return None, f"{type(err).__name__}: {err}"
-    return norm_kernels, ""
+    return fused_or_plain.own_kernels("dormouse.model.norm_kernels")
 
 
 def set_norm_backend(module: nn.Module, backend: str) -> None:

@@ -18,8 +18,6 @@ prompt's prefill. A decode step, which starts from the state, runs the plain pat
 counters.CONV, so the eval line's `conv=<fused>/<calls>` says which path ran.
 """
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,14 +36,9 @@ FUSED_UNAVAILABLE = ledger.register(
 )
 
 
-@functools.cache
 def fused_kernels() -> tuple[object | None, str]:
     """dormouse's Triton short-conv kernels (model/short_conv_kernels.py), or None and why not."""
-    try:
-        from dormouse.model import short_conv_kernels
-    except ImportError as err:  # no Triton: the CPU set-up
-        return None, f"{type(err).__name__}: {err}"
-    return short_conv_kernels, ""
+    return fused_or_plain.own_kernels("dormouse.model.short_conv_kernels")
 
 
 def resolve_conv_backend(requested: str, device: torch.device | str) -> str:

@@ -154,7 +154,8 @@ class Trainer:
         self.log(f"corpus: {corpus_note}")
         self.log(f"device: {self.device} dtype={t.dtype} torch={torch.__version__}; {self.precision_note}")
         backend = m.kda_backend if m.mixer == "kda" else "off (attention mixer)"
-        norm = {"fused": "fused (fla rms_norm, rms_norm_gated)", "plain": "plain (torch rms_norm)"}[m.norm_backend]
+        fused = "fused (fla rms_norm, rms_norm_gated, layer norm with residual; dormouse add-norm backward)"
+        norm = {"fused": fused, "plain": "plain (torch rms_norm)"}[m.norm_backend]
         has_conv = m.mixer == "kda" and m.short_conv
         conv = (
             {"fused": "fused (dormouse Triton)", "plain": "plain (torch conv1d)"}[m.conv_backend] if has_conv else "off"
