@@ -13,10 +13,6 @@ V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V --batch-size 64"
 source benches/sessions/timed.sh
 export TRITON_CACHE_BACK=1
-pytest_cmd() {  # NAME LIMIT TESTS...: one pytest run with its own limit, its log under $OUT
-  local name=$1 limit=$2; shift 2
-  echo "timeout $limit python3 -m pytest -q -p no:cacheprovider -s $* > \$OUT/$name.log 2>&1; echo \"$name: exit \$?\"; grep -a -E 'passed|failed|max.d' \$OUT/$name.log | tail -6"
-}
 cmds=(
   "$(pytest_cmd gpu-norm 150 tests/gpu/test_norm_fused.py "'tests/gpu/test_kda_fla.py::test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits'")"
   "$(pytest_cmd gpu-graphed-step 180 tests/gpu/test_graphed_step.py)"

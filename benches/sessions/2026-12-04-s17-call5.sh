@@ -9,10 +9,6 @@
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V --batch-size 64"
 source benches/sessions/timed.sh
-pytest_cmd() {  # NAME LIMIT TESTS...: one pytest run with its own limit, its log under $OUT
-  local name=$1 limit=$2; shift 2
-  echo "timeout $limit python3 -m pytest -q -p no:cacheprovider -s $* > \$OUT/$name.log 2>&1; echo \"$name: exit \$?\"; grep -a -E 'passed|failed|FAILED' \$OUT/$name.log | tail -4"
-}
 cmds=(
   "$(pytest_cmd gpu-graphed-step 120 tests/gpu/test_graphed_step.py)"
   "$(pytest_cmd gpu-norm-decode 90 tests/gpu/test_norm_fused.py tests/gpu/test_graphed_decode.py)"

@@ -6,3 +6,9 @@ timed() {
   local name=$1 cmd=$2 pattern=${3:-ms_per_step|first_step|Error}
   echo "s=\$EPOCHREALTIME; $cmd > \$OUT/$name.log 2>&1; python3 -c \"print(f'wall: {\$EPOCHREALTIME - \$s:.1f} s for the whole command')\" | tee -a \$OUT/$name.log; grep -a -E '$pattern' \$OUT/$name.log | cut -c1-200"
 }
+# `pytest_cmd NAME LIMIT TESTS...` prints one device command: a pytest run with its own time limit, its log
+# in $OUT/NAME.log, then its exit status and the log's pass/fail lines.
+pytest_cmd() {
+  local name=$1 limit=$2; shift 2
+  echo "timeout $limit python3 -m pytest -q -p no:cacheprovider -s $* > \$OUT/$name.log 2>&1; echo \"$name: exit \$?\"; grep -a -E 'passed|failed|FAILED|max.d' \$OUT/$name.log | tail -6"
+}
