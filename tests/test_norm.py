@@ -208,3 +208,16 @@ def test_the_gated_norm_runs_fla_s_gated_kernel_on_the_fused_path(monkeypatch):
     assert torch.allclose(y[0], expected, rtol=0, atol=1e-15)
     gated.norm.backend = "plain"  # the torch path gives the same function
     assert torch.allclose(gated(x, gate)[0], expected, rtol=0, atol=1e-15)
+
+
+def test_add_and_norm_fused_backward_without_its_kernel_is_refused_through_the_ledger(monkeypatch):
+    from dormouse.model import norm
+
+    fused_by_stand_ins(monkeypatch, stand_in_ops([]))
+    monkeypatch.setattr(norm, "add_norm_kernels", lambda: (None, "ModuleNotFoundError: No module named 'triton'"))
+    n = weighted_norm(torch.ones(8), False)
+    a = torch.randn(2, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    h, _ = n.add_and_norm(a, torch.ones(2, 8))
+    with pytest.raises(ledger.FallbackRefused, match="needs Triton.*--norm-backend plain") as err:
+        h.sum().backward()
+    assert err.value.site == "norm.fused_unavailable"

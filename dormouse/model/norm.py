@@ -30,8 +30,8 @@ NORM_BACKENDS = fused_or_plain.CHOICES
 FUSED_UNAVAILABLE = ledger.register(
     "norm.fused_unavailable",
     ledger.Kind.LOUD,
-    "fused RMSNorm asked for (or auto on CUDA), but fla's rms_norm (rms_norm_gated for the gated norm) is not "
-    "importable or the tensors are not on CUDA",
+    "fused RMSNorm asked for (or auto on CUDA), but fla's rms_norm (rms_norm_gated for the gated norm; for "
+    "add_and_norm's backward dormouse's Triton kernel) is not importable or the tensors are not on CUDA",
     __name__,
 )
 
@@ -134,7 +134,9 @@ class _RMSNormTo(torch.autograd.Function):
         # dormouse's kernel, not fla's with `dres` (1.8 TB/s on the H200): the same arithmetic (norm_kernels.py).
         kernels, why = add_norm_kernels()
         if kernels is None:  # the fused path runs where fla, hence Triton, is: not reached in practice
-            raise RuntimeError(f"the fused add_and_norm's backward needs Triton: {why}")
+            raise ledger.refuse(
+                FUSED_UNAVAILABLE, f"the fused add_and_norm's backward needs Triton ({why}); pass --norm-backend plain"
+            )
         dx, dresidual, dw = kernels.backward(dy, normed, weight, rstd, dsum.reshape(normed.shape), ctx.x_dtype)
         return dx.view(ctx.x_shape), dresidual.view(ctx.x_shape), dw, None, None
 
