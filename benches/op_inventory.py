@@ -10,11 +10,12 @@ dispatches outside the stand-ins: its count, output shape and dtypes, and the by
 plus output written), grouped by op, shapes and dtypes, largest first. It does not time anything: it
 predicts which ops a GPU profile will show, and how many bytes each group moves.
 
-    python benches/op_inventory.py --preset small --batch-size 64 --seq-len 512 [--rows 40]
+    python benches/op_inventory.py --preset small --batch-size 64 --seq-len 512 [--rows 40] [--where]
 """
 
 import argparse
 import collections
+import traceback
 from contextlib import contextmanager
 
 import torch
@@ -26,12 +27,15 @@ from dormouse.model.model import DormouseLM
 
 
 class Inventory(TorchDispatchMode):
-    """Every aten op dispatched while no stand-in runs: (op, output shapes, dtypes in->out) -> [count, bytes]."""
+    """Every aten op dispatched while no stand-in runs: (op, output shapes, dtypes in->out) -> [count, bytes].
+    With `where`, the key also names the op's site: the autograd node that runs it in the backward, else the
+    innermost dormouse source line that called it."""
 
-    def __init__(self):
+    def __init__(self, where: bool = False):
         super().__init__()
         self.rows = collections.defaultdict(lambda: [0, 0])
         self.opaque = 0  # > 0 inside a stand-in of an fla kernel
+        self.where = where
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -51,10 +55,19 @@ class Inventory(TorchDispatchMode):
             str(func.overloadpacket.__name__),
             " ".join(str(list(o.shape)) for o in outs),
             _dtypes(ins) + "->" + _dtypes(outs),
-        )
+        ) + ((_site(),) if self.where else ())
         self.rows[key][0] += 1
         self.rows[key][1] += moved
         return out
+
+
+def _site() -> str:
+    """Where the op being dispatched comes from: `bwd <autograd node>` or `fwd <file>:<line>` (dormouse's)."""
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return f"bwd {node.name()}"
+    ours = [f for f in traceback.extract_stack() if "/dormouse/" in f.filename]
+    return "fwd " + (f"{ours[-1].filename.split('/dormouse/')[-1]}:{ours[-1].lineno}" if ours else "?")
 
 
 def _dtypes(tensors: list[torch.Tensor]) -> str:
@@ -167,12 +180,13 @@ def fla_standins(mode: Inventory):
         norm.add_norm_kernels = saved_add_norm
 
 
-def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None) -> Inventory:
-    """The ops of one forward and backward of `preset` at [batch, seq_len] under bf16 autocast (CPU)."""
+def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None, where: bool = False) -> Inventory:
+    """The ops of one forward and backward of `preset` at [batch, seq_len] under bf16 autocast (CPU);
+    `where`: each op's site too (Inventory)."""
     cfg = config.resolve(config.build(preset, {"train": {"device": "cpu"}, **(overrides or {})}))
     model = DormouseLM(cfg.model, seed=0)
     ids = torch.randint(256, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
-    mode = Inventory()
+    mode = Inventory(where)
     with fla_standins(mode), mode, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
         out = model(ids[:, :-1], ids[:, 1:])
         out.loss.backward()
@@ -182,9 +196,11 @@ def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = No
 def table(mode: Inventory, rows: int) -> str:
     ranked = sorted(((k, v) for k, v in mode.rows.items() if v[1]), key=lambda kv: -kv[1][1])
     total = sum(b for _, b in mode.rows.values())
-    lines = [f"{'op':<34} {'calls':>5} {'GB':>7} {'share':>6}  {'dtypes in->out':<24} output shapes"]
-    for (op, shapes, dtypes), (n, moved) in ranked[:rows]:
-        lines.append(f"{op:<34} {n:>5} {moved / 1e9:>7.3f} {moved / total:>6.1%}  {dtypes[:24]:<24} {shapes[:70]}")
+    site = "  site" if mode.where else ""
+    lines = [f"{'op':<34} {'calls':>5} {'GB':>7} {'share':>6}  {'dtypes in->out':<24} {'output shapes':<40}{site}"]
+    for (op, shapes, dtypes, *where), (n, moved) in ranked[:rows]:
+        row = f"{op:<34} {n:>5} {moved / 1e9:>7.3f} {moved / total:>6.1%}  {dtypes[:24]:<24} {shapes[:40]:<40}"
+        lines.append(row + "".join(f"  {w}" for w in where))
     calls = sum(n for n, moved in mode.rows.values() if moved)
     views = sum(n for n, moved in mode.rows.values() if not moved)
     moved = f"{total / 1e9:.3f} GB (inputs read + outputs written)"
@@ -199,9 +215,10 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--rows", type=int, default=40)
     p.add_argument("--no-engram", action="store_true")
+    p.add_argument("--where", action="store_true", help="one row per op site (autograd node or dormouse line)")
     a = p.parse_args()
     overrides = {"model": {"engram": False}} if a.no_engram else None
-    print(table(inventory(a.preset, a.batch_size, a.seq_len, overrides), a.rows))
+    print(table(inventory(a.preset, a.batch_size, a.seq_len, overrides, a.where), a.rows))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benches/op_inventory.py: the torch ops of one training step around fla's kernels, counted on the CPU
 with the kernels as opaque stand-ins (the fused paths chosen), each op's bytes from its operands."""
 
+import collections
 import importlib.util
 from pathlib import Path
 
@@ -51,3 +52,15 @@ def test_bytes_are_operands_read_plus_output_written_and_views_move_nothing():
     n, moved = found[("add", f"[{B}, {T}, 128]", "f32,bf16->f32")]
     assert moved == n * B * T * 128 * (4 + 2 + 4)
     assert all(moved == 0 for (op, _, _), (_, moved) in found.items() if op in ("view", "t", "_unsafe_view"))
+
+
+def test_where_names_each_op_s_site():
+    mode = op_inventory.inventory("nano", B, T, {"model": {"engram": False}}, where=True)
+    sites = collections.defaultdict(set)
+    for op, shape, dtypes, site in mode.rows:
+        if shape == f"[{B}, {T}, 128]":
+            sites[(op, dtypes)].add(site.split(":")[0])
+    # The FFN's output joins the stream at the loop's settle (before the re-injection and the head), its
+    # gradient cast by that add's backward; the final norm's bf16 output is cast for the head.
+    assert sites[("add", "f32,bf16->f32")] == {"fwd model/loop.py"}
+    assert sites[("_to_copy", "f32->bf16")] == {"bwd AddBackward0", "fwd model/model.py"}
