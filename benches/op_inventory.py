@@ -116,7 +116,7 @@ def fla_standins(mode: Inventory):
     def rms_norm_gated(x, g, weight, bias, activation="swish", eps=1e-6):
         return Stand.apply(x, x, g, weight)
 
-    class LayerNormOps:  # fla's layer_norm_fwd / layer_norm_bwd (no bias): shapes, no maths
+    class LayerNormOps:  # fla's layer_norm_fwd (no bias) / layer_norm_bwd (no residual): shapes, no maths
         @staticmethod
         def layer_norm_fwd(x, weight, bias, eps, residual=None, out_dtype=None, is_rms_norm=False):
             rstd = torch.zeros(x.shape[0])
@@ -124,11 +124,8 @@ def fla_standins(mode: Inventory):
             return torch.zeros(x.shape, dtype=out_dtype or x.dtype), None, rstd, normed
 
         @staticmethod
-        def layer_norm_bwd(dy, x, weight, bias, rstd=None, dres=None, has_residual=False, is_rms_norm=False, **kw):
-            x_dtype = kw["x_dtype"]
-            dx = torch.zeros(x.shape, dtype=x_dtype)
-            dres_in = torch.zeros_like(x) if has_residual and x_dtype != x.dtype else None
-            return dx, torch.zeros_like(weight), None, dx if has_residual and dres_in is None else dres_in
+        def layer_norm_bwd(dy, x, weight, bias, rstd=None, is_rms_norm=False, x_dtype=None):
+            return torch.zeros(x.shape, dtype=x_dtype), torch.zeros_like(weight), None, None
 
     class ConvKernels:  # model/short_conv_kernels.py: y contiguous [B, T, C], dx written in place
         forward = staticmethod(_opaque(mode, lambda x, weight: torch.zeros(x.shape, dtype=x.dtype)))

@@ -147,8 +147,11 @@ def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
         n = weighted_norm(w0, flagged)
         a, x = a0.clone().requires_grad_(), x0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            mixed = None if together else x + a
-            h, mixed = n.add_and_norm(a, x) if together else (n(mixed), mixed)
+            if together:
+                h, mixed = n.add_and_norm(a, x)
+            else:
+                mixed = x + a
+                h = n(mixed)
             out = torch.nn.functional.linear(h, lin)
         assert mixed.dtype == torch.float32 and h.dtype == (torch.bfloat16 if flagged else torch.float32)
         (out.float().square().sum() + mixed.sin().sum()).backward()  # the sum feeds the stream too
