@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dormouse import config, rng
+from dormouse import config, ledger, rng
 from dormouse.cli import main
 from dormouse.errors import ConfigError
+from dormouse.model import fla_kernels
 from dormouse.model.model import DormouseLM
 from dormouse.tools import bench
 
@@ -281,3 +282,14 @@ def test_compile_wraps_what_the_step_calls_and_refuses_an_eager_timing(corpus_di
         main([*argv, "--history", str(history), "--log-dir", str(tmp_path / "logs")])
     assert len(wrapped) == 1 and type(wrapped[0]).__name__ == "DormouseLM"  # the replica: the model alone here
     assert not history.exists()
+
+
+def test_fla_kernel_choices_not_from_the_pin_join_the_logs_fallbacks(corpus_dir, tmp_path, monkeypatch):
+    """Session 18 ran a bench with an empty fla config folder: every kernel autotuned, and its log said
+    `fallbacks 0`. The bench now counts those choices (on the CPU none are made: a stand-in counts one)."""
+    monkeypatch.setattr(fla_kernels, "count_unpinned", lambda: ledger.count(fla_kernels.UNPINNED))
+    history, logs = tmp_path / "history.tsv", tmp_path / "logs"
+    argv = ["bench", "--data", str(corpus_dir), *TINY, "--steps", "1", "--warmup", "1"]
+    assert main([*argv, "--history", str(history), "--log-dir", str(logs)]) == 0
+    log = Path(read_rows(history)[0]["log"]).read_text()
+    assert "fallbacks (COUNTED ledger sites, all steps): 1(fla.unpinned:1)" in log

@@ -7,6 +7,10 @@
 #     choices written to $OUT/pin-b64 (the probe's own dump off: the committed pin changes only by hand).
 #  3. B 64 --cuda-graph, the committed pin and $OUT/pin-b64, two arms x 2 interleaved.
 # Carry .whl, .gpu-data, .device-commit and .triton-cache.
+# As run: the tune probe stopped at once (it built the Trainer without `corpus_note`), so $OUT/pin-b64 was
+# never written and the second arm ran fla with a config folder of no files: every fla kernel autotuned
+# by Triton at B 64 (first step 481 s), then 42.16 ms against the pin's 41.21 in the same call. Re-tuning
+# at B 64 showed no gain; the probe was removed unrun (it is in this commit's history, cd6a68d).
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V --batch-size 64"
 BWD=chunk_kda_bwd_kernel_wy_dqkg_fused,chunk_kda_bwd_kernel_intra,recompute_w_u_fwd_kda_kernel,chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64,chunk_kda_bwd_kernel_dAv

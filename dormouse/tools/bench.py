@@ -606,6 +606,7 @@ def _bench_dormouse(session: Session, data) -> tuple[dict[str, str], Path]:
         counters.reset_all()
         times += _time_steps(trainer.train_step, warmup, steps, "timed", device, log)
         counts["timed"] = counters.line()
+        fla_kernels.count_unpinned()  # fla kernel choices the pin did not make join the fallbacks line
         fallbacks = ledger.counted_summary()
         dynamo = _dynamo_stats() if session.compiled else None
         if session.compiled and not _graphs_compiled():

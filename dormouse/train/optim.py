@@ -43,6 +43,17 @@ from collections import defaultdict
 import torch
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from dormouse import ledger
+from dormouse.model import fused_or_plain
+
+SINKHORN_KERNELS_UNAVAILABLE = ledger.register(
+    "optim.sinkhorn_kernels_unavailable",
+    ledger.Kind.LOUD,
+    "an fp32 SR-Sinkhorn on CUDA runs dormouse's Triton kernels (train/sinkhorn_kernels.py), and they are not "
+    "importable (no Triton)",
+    __name__,
+)
+
 
 def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Tensor:
     """SR-Sinkhorn of a matrix `u` [m, n] (or a stack of them [N, m, n], each on its own): `iters`
@@ -50,19 +61,36 @@ def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Te
 
     Computed in fp32 at least (fp64 stays fp64); the result has that dtype. Norms are clamped below at
     `eps`, so an all-zero row or column (an unused embedding row, a zero-initialised branch) stays zero
-    instead of becoming NaN.
+    instead of becoming NaN. On CUDA in fp32 it runs dormouse's Triton kernels (train/sinkhorn_kernels.py:
+    three launches an iteration instead of ~40 small ones; the same arithmetic summed in another order);
+    elsewhere, and in fp64, torch's form (`sr_sinkhorn_torch`).
     """
     if u.ndim not in (2, 3):
         raise ValueError(f"sr_sinkhorn takes a matrix [m, n] or a stack [N, m, n]; got shape {tuple(u.shape)}")
     if iters < 1:
         raise ValueError(f"sr_sinkhorn needs iters >= 1, got {iters}")
-    m, n = u.shape[-2:]
     x = u.to(torch.promote_types(u.dtype, torch.float32))
+    if not (x.is_cuda and x.dtype == torch.float32):
+        return sr_sinkhorn_torch(x, iters, eps)
+    kernels, why = sinkhorn_kernels()
+    if kernels is None:
+        raise ledger.refuse(SINKHORN_KERNELS_UNAVAILABLE, f"SR-Sinkhorn on {x.device} needs Triton ({why})")
+    return kernels.sr_sinkhorn(x if x.ndim == 3 else x.unsqueeze(0), iters, eps).view(x.shape)
+
+
+def sr_sinkhorn_torch(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """`sr_sinkhorn` in torch ops, of an fp32 or fp64 `x` [.., m, n]: the CPU's path and the kernels' reference."""
+    m, n = x.shape[-2:]
     row_target, col_target = math.sqrt(n), math.sqrt(m)
     for _ in range(iters):
         x = x * (row_target / x.norm(dim=-1, keepdim=True).clamp_min(eps))
         x = x * (col_target / x.norm(dim=-2, keepdim=True).clamp_min(eps))
     return x
+
+
+def sinkhorn_kernels() -> tuple[object | None, str]:
+    """dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py), or None and why not."""
+    return fused_or_plain.own_kernels("dormouse.train.sinkhorn_kernels")
 
 
 class NesterovSinkhorn(torch.optim.Optimizer):

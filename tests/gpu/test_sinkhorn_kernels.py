@@ -1,0 +1,61 @@
+"""dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) against torch's form in fp64; skipped
+without CUDA.
+
+The kernels sum the same squares in another order, so they are held to fp32's own error: within 4e-6 of
+the fp64 result (max|d|, entries of RMS 1), as torch's fp32 form is (session 18's probe: ~9e-7 both; the
+interpreter gave the same on a CPU). All-zero rows and columns stay zero, a call gives the same bits twice,
+and rows wider than one block (the looping path) and one-row or one-column matrices are covered.
+"""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+from dormouse.train import optim  # noqa: E402
+
+kernels, why = optim.sinkhorn_kernels()
+if kernels is None:
+    pytest.skip(f"needs Triton: {why}", allow_module_level=True)
+
+FP32_ERROR = 4e-6
+
+
+def stack(*shape, seed=0):
+    """A random fp64 stack [N, m, n]; row 3 of the first matrix and column 5 of the last all zero (when
+    there are that many)."""
+    u = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    u[0, 3:4] = 0
+    u[-1, :, 5:6] = 0
+    return u
+
+
+@pytest.mark.parametrize(
+    "shape", [(16, 512, 512), (8, 1536, 512), (4, 512, 1536), (3, 70, 100), (2, 300, 33), (1, 1, 64), (1, 64, 1)]
+)
+def test_kernels_match_fp64_torch_to_fp32_error(shape):
+    u = stack(*shape)
+    want = optim.sr_sinkhorn_torch(u, 5, 1e-12)
+    got = optim.sr_sinkhorn(u.float().cuda(), 5)
+    torch_fp32 = optim.sr_sinkhorn_torch(u.float().cuda(), 5, 1e-12)
+    assert (got.double().cpu() - want).abs().max().item() <= FP32_ERROR
+    assert (torch_fp32.double().cpu() - want).abs().max().item() <= FP32_ERROR
+    assert (got[0, 3:4] == 0).all() and (got[-1, :, 5:6] == 0).all()
+    assert torch.equal(got, optim.sr_sinkhorn(u.float().cuda(), 5))  # the same bits from call to call
+
+
+def test_rows_wider_than_a_block_loop(monkeypatch):
+    monkeypatch.setattr(kernels, "ROW_BLOCK", 64)
+    monkeypatch.setattr(kernels, "PARTS_AT_ONCE", 2)
+    u = stack(2, 500, 300, seed=1)
+    got = optim.sr_sinkhorn(u.float().cuda(), 5)
+    assert (got.double().cpu() - optim.sr_sinkhorn_torch(u, 5, 1e-12)).abs().max().item() <= FP32_ERROR
+
+
+def test_a_matrix_runs_as_a_stack_of_one_and_fp64_stays_torch():
+    u = stack(1, 96, 80, seed=2)
+    matrix = optim.sr_sinkhorn(u[0].float().cuda(), 5)
+    assert matrix.shape == (96, 80) and torch.equal(matrix, optim.sr_sinkhorn(u.float().cuda(), 5)[0])
+    fp64 = optim.sr_sinkhorn(u.cuda(), 5)
+    assert fp64.dtype == torch.float64 and torch.equal(fp64, optim.sr_sinkhorn_torch(u.cuda(), 5, 1e-12))
