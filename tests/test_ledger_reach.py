@@ -96,6 +96,14 @@ def swiglu_fused_unavailable(tmp: Path, monkeypatch) -> None:
     resolve_swiglu_backend("fused", torch.device("cpu"))
 
 
+def optim_sinkhorn_kernels_unavailable(tmp: Path, monkeypatch) -> None:
+    from dormouse.model import fused_or_plain
+    from dormouse.train.optim import sinkhorn_kernels
+
+    monkeypatch.setattr(fused_or_plain, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
+    sinkhorn_kernels(torch.device("cuda"))
+
+
 def precision_triton_switch(tmp: Path, monkeypatch) -> None:
     import sys
     import types
@@ -146,6 +154,7 @@ TRIGGERS = {
     "norm.fused_unavailable": norm_fused_unavailable,
     "conv.fused_unavailable": conv_fused_unavailable,
     "swiglu.fused_unavailable": swiglu_fused_unavailable,
+    "optim.sinkhorn_kernels_unavailable": optim_sinkhorn_kernels_unavailable,
     "precision.triton_switch": precision_triton_switch,
     "memory.skipped": memory_skipped,
     "memory.enforced": memory_enforced,

@@ -12,7 +12,7 @@ from torch import nn
 
 from dormouse.model import swiglu
 from dormouse.model.init import linear, normal_init_
-from dormouse.model.projections import packed, project
+from dormouse.model.projections import linear_of, packed, project
 
 
 class SwiGLU(nn.Module):
@@ -33,10 +33,10 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if not swiglu.is_fused(self.backend, x.device):
             gate, up = project(x, (self.w_gate, self.w_up))
-            return self.w_down(swiglu.plain(gate, up)), {}
+            return linear_of(swiglu.plain(gate, up), self.w_down), {}
         if torch.is_grad_enabled():  # one matmul's output, its gradient written whole (no split, no cat)
-            return self.w_down(swiglu.fused_packed(packed(x, (self.w_gate, self.w_up)))), {}
-        return self.w_down(swiglu.fused_pair(*project(x, (self.w_gate, self.w_up)))), {}
+            return linear_of(swiglu.fused_packed(packed(x, (self.w_gate, self.w_up))), self.w_down), {}
+        return linear_of(swiglu.fused_pair(*project(x, (self.w_gate, self.w_up))), self.w_down), {}
 
 
 class MoE(nn.Module):

@@ -23,7 +23,7 @@ from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
-from dormouse.model.projections import packed, project
+from dormouse.model.projections import linear_of, packed, project
 from dormouse.model.short_conv import ShortConv, conv_tail, convolve_packed
 
 FLA_UNAVAILABLE = ledger.register(
@@ -396,7 +396,7 @@ class KDALayer(nn.Module):
         """The decay gate's raw input [B,T,H,K] (before dt_bias) from its low-rank half f_a(x), in the
         projection's dtype (bf16 under autocast: fla's in-kernel gate reads it as is, see `_mix`)."""
         B, T, _ = f_low.shape
-        return self.f_b(f_low).view(B, T, self.n_heads, self.head_dim)
+        return linear_of(f_low, self.f_b).view(B, T, self.n_heads, self.head_dim)
 
     def _decay(self, f: torch.Tensor) -> torch.Tensor:
         """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input `f`, in fp32 at least."""
@@ -458,5 +458,5 @@ class KDALayer(nn.Module):
             fla_options=options,
         )
         o = self.o_norm(o, self.g_b(g_low).view(B, T, H, K))
-        y = self.o_proj(o.flatten(2))
+        y = linear_of(o.flatten(2), self.o_proj)
         return y, (KDACache(conv_state, state) if return_cache else None)

@@ -11,6 +11,12 @@ matmul in fp32. The outputs are views of one tensor, each with the row stride of
 Without autograd (evals, decoding) there is no gradient to fuse and the concatenation would copy every
 weight on every call: a decode step of `small` on the CPU spent 21 of its 35 ms copying weights. There
 each Linear runs alone.
+
+Under bf16 autocast on CUDA a matmul of fp32 weights runs as `_Bf16Linear`: the weights concatenated
+straight into one bf16 tensor (one kernel, where autocast took a cat and a cast), and their gradient
+written in fp32 by the matmul itself (`torch.mm(..., out_dtype=torch.float32)`), where autocast rounded
+it to bf16 and cast it back: ~100 fewer small kernels a `small` step, and the weights' gradient no longer
+rounded to bf16. The output and the input's gradient are autocast's bit for bit (tests/gpu/test_projections_cuda.py).
 """
 
 import torch
@@ -19,8 +25,38 @@ from torch import nn
 
 
 def packed(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
-    """x @ cat(weights).T: every Linear's output side by side in one tensor, in the order given."""
-    return F.linear(x, torch.cat([lin.weight for lin in linears]))
+    """x @ cat(weights).T: every (bias-free) Linear's output side by side in one tensor, in the order given."""
+    weights = [lin.weight for lin in linears]
+    if x.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16:
+        return _Bf16Linear.apply(x, *weights)
+    return F.linear(x, weights[0] if len(weights) == 1 else torch.cat(weights))
+
+
+def linear_of(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
+    """lin(x) for a bias-free Linear, through `packed` (its CUDA bf16 path: the fp32 weight gradient)."""
+    return packed(x, (lin,))
+
+
+class _Bf16Linear(torch.autograd.Function):
+    """x @ cat(weights).T in bf16 (CUDA, under bf16 autocast), the weights' gradients in fp32 from the matmul."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        rows = [w.shape[0] for w in weights]
+        w = torch.empty(sum(rows), weights[0].shape[1], dtype=torch.bfloat16, device=x.device)
+        torch.cat(weights, out=w)  # the cast inside the copy
+        x = x.to(torch.bfloat16)
+        ctx.save_for_backward(x, w)
+        ctx.rows = rows
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        dy = dy.to(torch.bfloat16)
+        dx = dy @ w if ctx.needs_input_grad[0] else None
+        dw = torch.mm(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]), out_dtype=torch.float32)
+        return dx, *dw.split(ctx.rows)
 
 
 def project(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:

@@ -72,10 +72,8 @@ def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Te
     x = u.to(torch.promote_types(u.dtype, torch.float32))
     if not (x.is_cuda and x.dtype == torch.float32):
         return sr_sinkhorn_torch(x, iters, eps)
-    kernels, why = sinkhorn_kernels()
-    if kernels is None:
-        raise ledger.refuse(SINKHORN_KERNELS_UNAVAILABLE, f"SR-Sinkhorn on {x.device} needs Triton ({why})")
-    return kernels.sr_sinkhorn(x if x.ndim == 3 else x.unsqueeze(0), iters, eps).view(x.shape)
+    stack = x if x.ndim == 3 else x.unsqueeze(0)
+    return sinkhorn_kernels(x.device).sr_sinkhorn(stack, iters, eps).view(x.shape)
 
 
 def sr_sinkhorn_torch(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -88,9 +86,13 @@ def sr_sinkhorn_torch(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return x
 
 
-def sinkhorn_kernels() -> tuple[object | None, str]:
-    """dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py), or None and why not."""
-    return fused_or_plain.own_kernels("dormouse.train.sinkhorn_kernels")
+def sinkhorn_kernels(device: torch.device):
+    """dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) for a stack on `device` (CUDA);
+    refused at `optim.sinkhorn_kernels_unavailable` where Triton is not importable."""
+    kernels, why = fused_or_plain.own_kernels("dormouse.train.sinkhorn_kernels")
+    if kernels is None:
+        raise ledger.refuse(SINKHORN_KERNELS_UNAVAILABLE, f"SR-Sinkhorn on {device} needs Triton ({why})")
+    return kernels
 
 
 class NesterovSinkhorn(torch.optim.Optimizer):

@@ -13,11 +13,13 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
+from dormouse.ledger import FallbackRefused  # noqa: E402
 from dormouse.train import optim  # noqa: E402
 
-kernels, why = optim.sinkhorn_kernels()
-if kernels is None:
-    pytest.skip(f"needs Triton: {why}", allow_module_level=True)
+try:
+    kernels = optim.sinkhorn_kernels(torch.device("cuda"))
+except FallbackRefused as err:
+    pytest.skip(f"needs Triton: {err}", allow_module_level=True)
 
 FP32_ERROR = 4e-6
 
