@@ -65,9 +65,10 @@ class ModelConfig:
         "exact either way)",
     )
     kda_recompute: bool = _f(
-        True,
-        "fla's chunk_kda backward recomputes the forward's intermediates; --no-kda-recompute keeps them "
-        "(more memory, less work: fla's disable_recompute; fla backend only)",
+        False,
+        "fla's chunk_kda backward recomputes the forward's intermediates (--kda-recompute: less memory) or "
+        "keeps them from the forward (the default: fla's disable_recompute; `small` B 64 on the H200 ~2 ms a "
+        "step faster for 1.8 GiB more, docs/performance.md; fla backend only)",
     )
     kda_prep_in_kernel: bool = _f(
         True,
