@@ -2,6 +2,7 @@
 hold an autotuner's choices and answer fla's config lookup the way fla does."""
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -152,3 +153,13 @@ def test_a_missing_package_or_distribution_is_an_import_error(tmp_path, monkeypa
     with pytest.raises(ImportError, match="'no-such-dist' is not installed"):
         fla_kernels.shell_packages(("fakefla2",), version_of={"fakefla2": "no-such-dist"})
     assert "fakefla2" not in sys.modules  # nothing half-registered
+
+
+def test_flas_optional_backends_stay_off_unless_the_user_turns_one_on(monkeypatch):
+    # fla would dispatch its KDA kernels to TileLang or FlashKDA whenever those packages import.
+    monkeypatch.setenv("FLA_TILELANG", "")  # recorded, so that the undo removes what the call sets
+    monkeypatch.delenv("FLA_TILELANG")
+    monkeypatch.setenv("FLA_FLASH_KDA", "1")
+    note = fla_kernels._backend_environment()
+    assert os.environ["FLA_TILELANG"] == "0" and os.environ["FLA_FLASH_KDA"] == "1"
+    assert note == "fla backends: FLA_TILELANG=0, FLA_FLASH_KDA=1 (set by the user)"

@@ -74,9 +74,26 @@ def _pin_environment() -> str:
     return f"fla kernel configs: pinned from {folder} (FLA_CACHE_MODE=fuzzy)"
 
 
+# fla routes some ops to other backends whenever their packages import (fla/backends.py, fla 0.6.0):
+# TileLang's KDA backward kernel (`tilelang`, with an nvcc) and the FlashKDA forward (`flash_kda`). A package
+# installed for something else would switch the kernels, and their bits, unseen: off unless the user turns
+# one on, and the run header says which were set.
+BACKEND_SWITCHES = ("FLA_TILELANG", "FLA_FLASH_KDA")
+
+
+def _backend_environment() -> str:
+    """Turn fla's optional backends off where the user left them unset; a note for the run header."""
+    notes = []
+    for name in BACKEND_SWITCHES:
+        by_user = name in os.environ
+        os.environ.setdefault(name, "0")
+        notes.append(f"{name}={os.environ[name]}" + (" (set by the user)" if by_user else ""))
+    return "fla backends: " + ", ".join(notes)
+
+
 @functools.cache
 def pin_note() -> str:
-    note = _pin_environment()
+    note = f"{_pin_environment()}; {_backend_environment()}"
     if os.environ.get(DUMP_ENV):  # the GPU session's way to refresh the pin: every choice made, at exit
         atexit.register(dump_choices, Path(os.environ[DUMP_ENV]))
         note += f"; {DUMP_ENV}: this process's choices will be written to {os.environ[DUMP_ENV]} at exit"
