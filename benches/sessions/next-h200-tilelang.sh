@@ -21,8 +21,7 @@ TL="PYTHONPATH=/tmp/site-tl:\$PYTHONPATH FLA_TILELANG=1"
 check="$TL python3 -c \"from dormouse.model import fla_kernels; fla_kernels.chunk_kda(); import fla.backends as b; import fla.ops.kda.backends; r = b._operation_registries['kda']; print('kda backends', [x.backend_type for x in r._get_sorted_backends()], 'active', r.get_active())\""
 cmds=("$install" "$check")
 cmds+=("$(timed gate-tilelang "$TL python3 benches/kda_gpu_gate.py --dtype bf16 --safe-gate --out \$OUT/gate-tilelang.json" 'Error|max|over|o |dq|dk|dv|dg')")
-for i in 1 2; do
-  cmds+=("$(timed b64-triton-$i "python3 -m dormouse bench $S --note 'batch 64, fla KDA backward by Triton, arm $i of 2 arms x 2'")")
-  cmds+=("$(timed b64-tilelang-$i "$TL python3 -m dormouse bench $S --note 'batch 64, fla wy_dqkg backward by TileLang, arm $i of 2 arms x 2'")")
-done
+interleaved 2 \
+  b64-triton "python3 -m dormouse bench $S --note 'batch 64, fla KDA backward by Triton, round \$round of 2'" \
+  b64-tilelang "$TL python3 -m dormouse bench $S --note 'batch 64, fla wy_dqkg backward by TileLang, round \$round of 2'"
 exec bash benches/gpu_session.sh "${cmds[@]}"

@@ -12,3 +12,15 @@ pytest_cmd() {
   local name=$1 limit=$2; shift 2
   echo "timeout $limit python3 -m pytest -q -p no:cacheprovider -s $* > \$OUT/$name.log 2>&1; echo \"$name: exit \$?\"; grep -a -E 'passed|failed|FAILED|max.d' \$OUT/$name.log | tail -6"
 }
+# `interleaved ROUNDS NAME "<command>" [NAME "<command>" ...]` appends to the caller's `cmds` array the arms
+# of an A/B, round by round (arm 1, arm 2, ..., then again): each arm's log NAME-<round>.log; a command may
+# use $round (its round, 1-based), written \$round in the caller's double quotes.
+interleaved() {
+  local rounds=$1 round i; shift
+  for ((round = 1; round <= rounds; round++)); do
+    for ((i = 1; i < $#; i += 2)); do
+      local name=${!i} j=$((i + 1))
+      cmds+=("$(timed "$name-$round" "${!j//\$round/$round}")")
+    done
+  done
+}
