@@ -5,7 +5,8 @@ The CUDA step of `small` spends about a third of its GPU time in torch's element
 This runs one forward and backward on the CPU under bf16 autocast with fla's kernels (chunk_kda,
 rms_norm, rms_norm_gated and the layer-norm functions, the SwiGLU kernels) and dormouse's short-conv
 kernels replaced by opaque stand-ins of the same signature, so the dormouse-side ops are the CUDA
-path's (the in-kernel KDA prep, the fused conv, norms and SwiGLU), and lists every aten op the step
+path's (the in-kernel KDA prep, the fused conv, norms and SwiGLU, the bf16 matmuls of
+model/projections.py with their fp32 weight gradients, listed from meta operands), and lists every aten op the step
 dispatches outside the stand-ins: its count, output shape and dtypes, and the bytes it moves (inputs read
 plus output written), grouped by op, shapes and dtypes, largest first. It does not time anything: it
 predicts which ops a GPU profile will show, and how many bytes each group moves.
@@ -22,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import fla_kernels, fused_or_plain, kda, norm, short_conv
+from dormouse.model import fla_kernels, fused_or_plain, kda, norm, projections, short_conv
 from dormouse.model.model import DormouseLM
 
 
@@ -148,6 +149,11 @@ def fla_standins(mode: Inventory):
     class AddNormKernels:  # model/norm_kernels.py: dx, the residual's gradient (fp32), dw
         backward = staticmethod(_opaque(mode, add_norm_backward))
 
+    def mm_fp32(a, b):  # projections' CUDA-only bf16 x bf16 -> fp32 product: listed from meta operands
+        am, bm = _opaque(mode, lambda: (a.to("meta"), b.to("meta")))()
+        product = torch.mm(am, bm, out_dtype=torch.float32)
+        return _opaque(mode, lambda: torch.zeros(product.shape, dtype=product.dtype))()
+
     norm_ops = LayerNormOps()
     for name in ("layer_norm_fwd", "layer_norm_bwd"):
         setattr(norm_ops, name, _opaque(mode, getattr(LayerNormOps, name)))
@@ -161,12 +167,14 @@ def fla_standins(mode: Inventory):
     saved = {name: getattr(fla_kernels, name) for name in accessors}
     saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
     saved_add_norm = norm.add_norm_kernels
+    saved_matmul = projections.bf16_matmul, projections._mm_fp32
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
     fused_or_plain.resolve = lambda requested, device, **_: "fused"
     kda.resolve_kda_backend = lambda requested, device: "fla"
     short_conv.fused_kernels = lambda: (ConvKernels, "")
     norm.add_norm_kernels = lambda: (AddNormKernels, "")
+    projections.bf16_matmul, projections._mm_fp32 = lambda x: True, mm_fp32  # the CUDA bf16 matmul path
     try:
         yield
     finally:
@@ -175,6 +183,7 @@ def fla_standins(mode: Inventory):
         fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
         short_conv.fused_kernels = saved_conv
         norm.add_norm_kernels = saved_add_norm
+        projections.bf16_matmul, projections._mm_fp32 = saved_matmul
 
 
 def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None, where: bool = False) -> Inventory:

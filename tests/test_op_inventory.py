@@ -43,6 +43,10 @@ def test_the_fused_paths_run_and_the_stand_ins_hide_fla_s_work():
     assert not any(op == "cat" and shape == f"[{B}, {T}, 452]" for op, shape, _ in found)
     assert found[("cat", f"[{B}, {T}, 68]", "bf16,bf16,bf16->bf16")][0] == 4
     assert found[("copy_", f"[{B}, {T}, 68]", "bf16,bf16->bf16")][0] == 4
+    # The block's matmuls as on CUDA under bf16 autocast (projections._Bf16Linear): the packed weight is
+    # concatenated straight into bf16 and its gradient comes out of the matmul in fp32, never cast back.
+    assert found[("mm", "[452, 128]", "bf16,bf16->f32")][0] == 4
+    assert ("_to_copy", "[452, 128]", "bf16->f32") not in found
 
 
 def test_bytes_are_operands_read_plus_output_written_and_views_move_nothing():

@@ -28,7 +28,7 @@ from torch import nn
 def packed(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
     """x @ cat(weights).T: every (bias-free) Linear's output side by side in one tensor, in the order given."""
     weights = [lin.weight for lin in linears]
-    if x.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16:
+    if bf16_matmul(x):
         return _Bf16Linear.apply(x, *weights)
     return F.linear(x, weights[0] if len(weights) == 1 else torch.cat(weights))
 
@@ -36,6 +36,16 @@ def packed(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
 def linear_of(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
     """lin(x) for a bias-free Linear, through `packed` (its CUDA bf16 path: the fp32 weight gradient)."""
     return packed(x, (lin,))
+
+
+def bf16_matmul(x: torch.Tensor) -> bool:
+    """Whether `packed` runs `_Bf16Linear` for `x`: on CUDA under bf16 autocast."""
+    return x.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of bf16 operands with an fp32 product (cuBLAS; torch has no CPU kernel for it)."""
+    return torch.mm(a, b, out_dtype=torch.float32)
 
 
 class _Bf16Linear(torch.autograd.Function):
@@ -56,7 +66,7 @@ class _Bf16Linear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dy = dy.to(torch.bfloat16)
         dx = dy @ w if ctx.needs_input_grad[0] else None
-        dw = torch.mm(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]), out_dtype=torch.float32)
+        dw = _mm_fp32(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
         return dx, *dw.split(ctx.rows)
 
 
