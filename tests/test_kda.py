@@ -366,6 +366,26 @@ def test_under_bf16_autocast_the_op_gets_bf16_q_k_v(monkeypatch):
     assert seen == {"q": torch.bfloat16, "k": torch.bfloat16, "v": torch.bfloat16, "g": torch.float32}
 
 
+@pytest.mark.parametrize("prep_in_kernel", [True, False])
+def test_fla_gets_the_gate_input_uncast_when_it_computes_the_gate(monkeypatch, prep_in_kernel):
+    # fla's in-kernel gate reads the gate projection's bf16 output as it is (a cast to fp32 would copy
+    # [B, T, H, K] each way for the same bits: tests/gpu/test_kda_fla.py); the log-decay it is handed
+    # otherwise goes in fp32, which fla accumulates.
+    seen = {}
+
+    def stand_in(q, k, v, g, beta, **kw):
+        seen.update(q=q.dtype, g=g.dtype, beta=beta.dtype)
+        return torch.zeros_like(v), None
+
+    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (stand_in, ""))
+    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    layer = make_layer(backend="fla", fla_prep_in_kernel=prep_in_kernel)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
+    gate_dtype = torch.bfloat16 if prep_in_kernel else torch.float32
+    assert seen == {"q": torch.bfloat16, "g": gate_dtype, "beta": torch.bfloat16}
+
+
 # --- fla's kernel options (kda_safe_gate, kda_recompute) ---------------------------------------------
 
 

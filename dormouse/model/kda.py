@@ -189,14 +189,15 @@ def _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_s
     _check_shapes(q, k, v, g, beta, initial_state)
     chunk_kda, _ = fla_kernels.chunk_kda()
     dtype = q.dtype
-    # fla wants q, k, v, beta in one dtype and an fp32 initial state; the gate stays fp32 (fla's own
-    # tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated unless
-    # `fla_options` has fla apply them (`prep_in_kernel_options`).
+    # fla wants q, k, v, beta in one dtype and an fp32 initial state; the log-decay g stays fp32 (fla's
+    # own tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated unless
+    # `fla_options` has fla apply them (`prep_in_kernel_options`); its in-kernel gate then reads g, the
+    # gate's raw input, in the projection's dtype as it is (KDALayer._mix).
     return chunk_kda(
         q,
         k.to(dtype),
         v.to(dtype),
-        g.float(),
+        g if fla_options.get("use_gate_in_kernel") else g.float(),
         beta.to(dtype),
         scale=scale,
         initial_state=None if initial_state is None else initial_state.float(),
