@@ -33,9 +33,12 @@ def test_the_fused_paths_run_and_the_stand_ins_hide_fla_s_work():
     # not a block layer (the re-injection, the head), the FFN output's add casting its gradient: 2 of the
     # 4 applications (3 casts per application before session 17).
     assert found[("_to_copy", f"[{B}, {T}, 128]", "f32->bf16")][0] == 1 + 2
-    # No bf16 sum of the two branches: the bf16 adds left are the output gate's bias (nn.Linear's, on the
-    # CPU), one per application; the fp32 stream takes a bf16 add only at those 2 applications.
-    assert found[("add", f"[{B}, {T}, 128]", "bf16,bf16->bf16")][0] == 4
+    # No bf16 sum of the two branches, and the output gate's bias added inside its matmul (addmm), its
+    # gradient a [1, B·T] x [B·T, 128] matmul in fp32 (projections.affine_of): no bf16 add is left. The
+    # fp32 stream takes a bf16 add only at those 2 applications.
+    assert not any(op == "add" and dtypes == "bf16,bf16->bf16" for op, _, dtypes in found)
+    assert found[("addmm", f"[{B * T}, 128]", "bf16,bf16,bf16->bf16")][0] == 4
+    assert found[("mm", "[1, 128]", "bf16,bf16->f32")][0] == 4
     assert found[("add", f"[{B}, {T}, 128]", "f32,bf16->f32")][0] == 2
     # The KDA layer's fused projection (q, k, v 3 x 128, f_a 32, b 4, g_a 32): the conv kernels write q's,
     # k's and v's gradients into one [B, T, 452] tensor, so no cat of six; the gates' three (68 wide) are

@@ -4,6 +4,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dormouse import rng
+from dormouse.model import projections
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.projections import project
 
@@ -53,3 +54,29 @@ def test_without_autograd_each_linear_runs_alone_and_no_weight_is_copied():
     for out, lin in zip(outs, lins, strict=True):
         assert torch.equal(out, x @ lin.weight.T)
     assert not [e for e in prof.events() if e.name == "aten::cat"]
+
+
+def test_bf16_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32(monkeypatch):
+    # The CUDA bf16 path (_Bf16Linear with a bias) on the CPU: the fp32-output matmul, which torch has
+    # only on CUDA, stood in by an fp64 product rounded to fp32. Input: a column slice of a wider tensor,
+    # as the KDA layer's g_b reads its low-rank half. The output is the fp64 result within one bf16
+    # rounding (the bias added before rounding); the bias's gradient is the fp64 column sum of the
+    # (bf16) output gradient to fp32 rounding.
+    monkeypatch.setattr(projections, "bf16_matmul", lambda x: True)
+    monkeypatch.setattr(projections, "_mm_fp32", lambda a, b: (a.double() @ b.double()).float())
+    gen = rng.generator(0, 0, "test")
+    lin = torch.nn.Linear(8, 24)
+    normal_init_(lin.weight, gen)
+    torch.nn.init.normal_(lin.bias, std=1.0, generator=gen)
+    wide = torch.randn(3, 40, 20, generator=rng.generator(0, 1, "test")).bfloat16()
+    x = wide[..., 4:12].requires_grad_()
+    dy = torch.randn(3, 40, 24, generator=rng.generator(0, 2, "test")).bfloat16()
+    y = projections.affine_of(x, lin)
+    y.backward(dy)
+    exact = x.double() @ lin.weight.bfloat16().double().T + lin.bias.bfloat16().double()
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 40, 24)
+    assert torch.allclose(y.double(), exact, rtol=2.0**-8, atol=0)
+    assert lin.bias.grad.dtype == torch.float32
+    assert torch.allclose(lin.bias.grad.double(), dy.double().sum((0, 1)), rtol=2.0**-23, atol=1e-6)
+    assert torch.allclose(lin.weight.grad.double(), torch.einsum("bto,bti->oi", dy.double(), x.double()), rtol=1e-6)
+    assert torch.equal(x.grad, dy @ lin.weight.bfloat16())

@@ -23,7 +23,7 @@ from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import GatedRMSNorm
-from dormouse.model.projections import linear_of, packed, project
+from dormouse.model.projections import affine_of, linear_of, packed, project
 from dormouse.model.short_conv import ShortConv, conv_tail, convolve_packed
 
 FLA_UNAVAILABLE = ledger.register(
@@ -458,6 +458,6 @@ class KDALayer(nn.Module):
             chunk_size=self.chunk_size,
             fla_options=options,
         )
-        o = self.o_norm(o, self.g_b(g_low).view(B, T, H, K))
+        o = self.o_norm(o, affine_of(g_low, self.g_b).view(B, T, H, K))
         y = linear_of(o.flatten(2), self.o_proj)
         return y, (KDACache(conv_state, state) if return_cache else None)

@@ -1,4 +1,4 @@
-"""Several bias-free Linears that read one input, run as one matmul.
+"""Several bias-free Linears that read one input, run as one matmul; the block's Linears under CUDA bf16 autocast.
 
 A KDA layer projects its normalised input six ways (q, k, v, the two gates' low-rank halves, beta) and a
 SwiGLU two ways. As separate Linears under bf16 autocast, each matmul casts the fp32 input again and
@@ -18,6 +18,8 @@ written in fp32 by the matmul itself (`torch.mm(..., out_dtype=torch.float32)`),
 it to bf16 and cast it back: 40 fewer cast kernels a `small` step on the H200 (session 18, call 4's
 profile; its wall time within the machine's spread), and the weights' gradient no longer rounded to bf16.
 The output and the input's gradient are autocast's bit for bit (tests/gpu/test_projections_cuda.py).
+A Linear with a bias (`affine_of`) runs the same way, its bias added in the matmul and its gradient
+summed by one.
 """
 
 import torch
@@ -29,13 +31,23 @@ def packed(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
     """x @ cat(weights).T: every (bias-free) Linear's output side by side in one tensor, in the order given."""
     weights = [lin.weight for lin in linears]
     if bf16_matmul(x):
-        return _Bf16Linear.apply(x, *weights)
+        return _Bf16Linear.apply(x, None, *weights)
     return F.linear(x, weights[0] if len(weights) == 1 else torch.cat(weights))
 
 
 def linear_of(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
     """lin(x) for a bias-free Linear, through `packed` (its CUDA bf16 path: the fp32 weight gradient)."""
     return packed(x, (lin,))
+
+
+def affine_of(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
+    """lin(x) for a Linear with a bias. On CUDA under bf16 autocast the bias is added inside the matmul
+    (cuBLAS's epilogue; autocast's Linear of a strided input adds it in a kernel of its own, after
+    rounding the product to bf16) and its gradient is the column sum of the output's gradient taken by a
+    matmul, in fp32 (torch's sum over the rows of a [B·T, n] gradient ran at ~0.7 TB/s on the H200)."""
+    if bf16_matmul(x):
+        return _Bf16Linear.apply(x, lin.bias, lin.weight)
+    return F.linear(x, lin.weight, lin.bias)
 
 
 def bf16_matmul(x: torch.Tensor) -> bool:
@@ -49,25 +61,32 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _Bf16Linear(torch.autograd.Function):
-    """x @ cat(weights).T in bf16 (CUDA, under bf16 autocast), the weights' gradients in fp32 from the matmul."""
+    """x @ cat(weights).T (+ bias) in bf16 (CUDA, under bf16 autocast), the weights' and the bias's
+    gradients in fp32 from matmuls."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, bias: torch.Tensor | None, *weights: torch.Tensor) -> torch.Tensor:
         rows = [w.shape[0] for w in weights]
         w = torch.empty(sum(rows), weights[0].shape[1], dtype=torch.bfloat16, device=x.device)
         torch.cat(weights, out=w)  # the cast inside the copy
         x = x.to(torch.bfloat16)
         ctx.save_for_backward(x, w)
-        ctx.rows = rows
-        return F.linear(x, w)
+        ctx.rows, ctx.has_bias = rows, bias is not None
+        if bias is None:
+            return F.linear(x, w)
+        # reshape: a view for the projections' column slices too (their rows keep one stride)
+        y = torch.addmm(bias.to(torch.bfloat16), x.reshape(-1, x.shape[-1]), w.t())
+        return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, w = ctx.saved_tensors
         dy = dy.to(torch.bfloat16)
         dx = dy @ w if ctx.needs_input_grad[0] else None
-        dw = _mm_fp32(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
-        return dx, *dw.split(ctx.rows)
+        dy = dy.reshape(-1, dy.shape[-1])
+        dw = _mm_fp32(dy.t(), x.reshape(-1, x.shape[-1]))
+        db = _mm_fp32(dy.new_ones(1, dy.shape[0]), dy).view(-1) if ctx.has_bias else None
+        return dx, db, *dw.split(ctx.rows)
 
 
 def project(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:

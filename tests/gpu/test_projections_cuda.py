@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 from dormouse import rng  # noqa: E402
 from dormouse.model.init import linear, normal_init_  # noqa: E402
-from dormouse.model.projections import linear_of, packed  # noqa: E402
+from dormouse.model.projections import affine_of, linear_of, packed  # noqa: E402
 
 
 def case(widths, d=512, tokens=(4, 256)):
@@ -54,3 +54,32 @@ def test_a_single_linear_runs_the_same_path():
     a = grads(lambda x: linear_of(x, lins[0]), lins, x, dy)
     b = grads(lambda x: packed(x, lins), lins, x, dy)
     assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+def test_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32():
+    # The KDA layer's g_b: 64 -> 512 with a bias, reading a column slice of the fused projection.
+    gen = rng.generator(0, 0, "test")
+    lin = torch.nn.Linear(64, 512)
+    normal_init_(lin.weight, gen)
+    torch.nn.init.normal_(lin.bias, std=1.0, generator=gen)
+    lin = lin.cuda()
+    wide = torch.randn(8, 256, 1672, generator=rng.generator(0, 1, "test")).bfloat16().cuda()
+    x = wide[..., 1536:1600].requires_grad_()
+    dy = torch.randn(8, 256, 512, generator=rng.generator(0, 2, "test")).bfloat16().cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = affine_of(x, lin)
+    y.backward(dy)
+    got = (y, x.grad, lin.weight.grad, lin.bias.grad)
+    x.grad, lin.weight.grad, lin.bias.grad = None, None, None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref_y = lin(x)
+    ref_y.backward(dy)
+    y, dx, dw, db = got
+    exact = x.double() @ lin.weight.bfloat16().double().T + lin.bias.bfloat16().double()
+    assert y.dtype == torch.bfloat16 and torch.allclose(y.double(), exact, rtol=2.0**-8, atol=1e-6)
+    assert torch.equal(dx, x.grad)
+    exact_db = dy.double().sum((0, 1))
+    err, ref_err = (db.double() - exact_db).abs().max().item(), (lin.bias.grad.double() - exact_db).abs().max().item()
+    print(f"bias gradient vs fp64, max|d|: fp32 matmul {err:.3e}, autocast {ref_err:.3e}")
+    assert db.dtype == torch.float32 and err <= 1e-3
+    assert torch.allclose(dw, lin.weight.grad, rtol=2.0**-7, atol=1e-3)
