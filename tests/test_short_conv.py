@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dormouse import config, counters, ledger
+from dormouse import config, counters, ledger, rng
 from dormouse.model import short_conv
+from dormouse.model.engram import EngramConv
 from dormouse.model.model import DormouseLM
 from dormouse.model.short_conv import ShortConv, set_conv_backend
 
@@ -72,22 +73,23 @@ class StandInKernels:
     calls = []
 
     @staticmethod
-    def conv(x, weight):
+    def conv(x, weight, dilation):
         W = weight.shape[1]
-        a = F.conv1d(F.pad(x.transpose(1, 2), (W - 1, 0)), weight[:, None], groups=weight.shape[0])
+        x = F.pad(x.transpose(1, 2), ((W - 1) * dilation, 0))
+        a = F.conv1d(x, weight[:, None], groups=weight.shape[0], dilation=dilation)
         return F.silu(a).transpose(1, 2)
 
     @classmethod
-    def forward(cls, x, weight):
+    def forward(cls, x, weight, dilation=1):
         cls.calls.append(("forward", tuple(x.shape), x.stride(-1), tuple(weight.shape)))
-        return cls.conv(x.double(), weight.double()).to(x.dtype)
+        return cls.conv(x.double(), weight.double(), dilation).to(x.dtype)
 
     @classmethod
-    def backward(cls, x, weight, dy, dx):
+    def backward(cls, x, weight, dy, dx, dilation=1):
         cls.calls.append(("backward", tuple(x.shape), tuple(dx.stride())))
         with torch.enable_grad():  # a backward runs without grad mode
             xd, wd = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
-            gx, gw = torch.autograd.grad(cls.conv(xd, wd), (xd, wd), dy.double())
+            gx, gw = torch.autograd.grad(cls.conv(xd, wd, dilation), (xd, wd), dy.double())
         dx.copy_(gx)
         return gw.to(weight.dtype)
 
@@ -160,11 +162,42 @@ def test_config_resolves_and_the_model_sets_every_conv():
     assert cfg.model.conv_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     convs = [m for m in model.modules() if isinstance(m, ShortConv)]
-    assert len(convs) == 3 * cfg.model.block_layers and {m.backend for m in convs} == {"plain"}
+    engram_convs = [m for m in model.modules() if isinstance(m, EngramConv)]
+    assert len(convs) == 3 * cfg.model.block_layers and len(engram_convs) == 1
+    assert {m.backend for m in convs + engram_convs} == {"plain"}
     set_conv_backend(model, "fused")
-    assert {m.backend for m in convs} == {"fused"}
+    assert {m.backend for m in convs + engram_convs} == {"fused"}
     set_conv_backend(model, "auto")
     counters.CONV.reset()
     model(torch.zeros(1, 8, dtype=torch.long))
-    # every conv of every loop iteration ran, none fused
-    assert (counters.CONV.fused, counters.CONV.calls) == (0, 3 * cfg.model.block_layers * cfg.model.depth)
+    # every conv of every loop iteration ran, and the engram's once, none fused
+    assert (counters.CONV.fused, counters.CONV.calls) == (0, 3 * cfg.model.block_layers * cfg.model.depth + 1)
+
+
+def test_the_engram_conv_runs_the_fused_path_from_the_sequence_start(fused):
+    # EngramConv (kernel 4, dilation 4) through the kernels' contract: its output, the input's and every
+    # parameter's gradients equal the plain path's in float64; a call with a carried tail (decode) runs
+    # plain; both are counted.
+    gen = rng.generator(0, 0, "test")
+    v0 = torch.randn(2, 19, 6, dtype=torch.float64, generator=gen)
+    dy = torch.randn(2, 19, 6, dtype=torch.float64, generator=gen)
+    results = []
+    for backend in ("fused", "plain"):
+        conv = EngramConv(6, 4, 4, 1e-6).double()
+        with torch.no_grad():
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=rng.generator(0, 1, "test")))
+            conv.norm.weight.copy_(1 + 0.1 * torch.randn(6, generator=rng.generator(0, 2, "test")))
+        conv.backend = backend
+        v = v0.clone().requires_grad_()
+        counters.CONV.reset()
+        y, tail = conv(v, None)
+        assert (counters.CONV.fused, counters.CONV.calls) == (int(backend == "fused"), 1)
+        y.backward(dy)
+        results.append((y, tail, v.grad, conv.weight.grad, conv.norm.weight.grad))
+    for name, got, ref in zip(("y", "tail", "dv", "dw", "dnorm"), *results, strict=True):
+        assert got.shape == ref.shape and torch.allclose(got, ref, rtol=1e-12, atol=1e-12), name
+    assert [c[0] for c in fused] == ["forward", "backward"]
+    conv.backend = "fused"
+    counters.CONV.reset()
+    conv(v0[:, :1], tail)
+    assert (counters.CONV.fused, counters.CONV.calls) == (0, 1)

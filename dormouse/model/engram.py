@@ -55,9 +55,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dormouse import rng
+from dormouse import counters, rng
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import RMSNorm
+from dormouse.model.short_conv import FusableConv, conv_tail, fused_convs
 
 PAD = 256  # the pre-sequence filler: outside the byte range, so it never aliases a real n-gram
 N_SYMBOLS = 257  # 256 bytes + PAD
@@ -305,7 +306,7 @@ CONV_SIZE = 4  # the reference's kernel
 LAYER_SEED_STRIDE = 10007  # the demo's per-layer hash seed: seed + 10007 · layer
 
 
-class EngramConv(nn.Module):
+class EngramConv(FusableConv):
     """The reference's short conv after the gate: `Y = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))`.
 
     Depthwise over the d channels, kernel `size`, dilation `dilation` (max(orders) in the model),
@@ -317,6 +318,10 @@ class EngramConv(nn.Module):
     start reads zero: the demo's zero left padding (RMSNorm(0) = 0, so a zero ṽ is that padding).
     Decode carries the tail: the last (size−1)·dilation gated values ṽ.
     Init: weight N(0, 0.02), so Y ≈ ṽ at first; RMSNorm gain 1.
+
+    A call from the sequence start runs the fused path where the conv backend says so (`--conv-backend`,
+    as the KDA layers' short convs: model/short_conv.py's Triton kernels, the conv and its SiLU in one
+    kernel each way, fp32 inside) and is counted in counters.CONV either way.
     """
 
     def __init__(self, channels: int, size: int, dilation: int, eps: float):
@@ -332,6 +337,11 @@ class EngramConv(nn.Module):
     def forward(self, v: torch.Tensor, tail: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """v [B, T, C] gated values, tail [B, tail_len, C] of the positions before (None: the sequence
         start) -> (Y [B, T, C], the new tail)."""
+        fused = tail is None and v.shape[1] > 0 and self.is_fused(v.device)
+        counters.CONV.record(fused=fused)
+        if fused:  # the same function: the norm of the zero padding is zero
+            y = fused_convs(self.norm(v), (self.weight.view(v.shape[-1], -1),), self.dilation)[0]
+            return v + y, conv_tail(v, self.tail_len)
         if tail is None:
             tail = v.new_zeros(v.shape[0], self.tail_len, v.shape[-1])
         ctx = torch.cat([tail.to(v.dtype), v], dim=1)

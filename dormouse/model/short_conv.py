@@ -69,19 +69,29 @@ def conv_tail(x: torch.Tensor, keep: int) -> torch.Tensor:
     return x[:, T - keep :] if T >= keep else F.pad(x, (0, 0, keep - T, 0))
 
 
-class ShortConv(nn.Module):
-    """SiLU of a causal depthwise conv over time; returns the last `size - 1` inputs so decoding can go on."""
+class FusableConv(nn.Module):
+    """A causal depthwise conv whose calls without carried state can run the fused path: the subclass's
+    `weight` [C, 1, size] and the backend asked for (`set_conv_backend`)."""
 
-    def __init__(self, channels: int, size: int):
+    weight: nn.Parameter
+
+    def __init__(self):
         super().__init__()
         self.backend = "auto"  # as asked for (CONV_BACKENDS); resolved per call on the input's device
-        self.weight = nn.Parameter(torch.empty(channels, 1, size))
 
     def is_fused(self, device: torch.device) -> bool:
         """Whether a call without carried state runs the fused path on `device` (refused if it cannot)."""
         fused = resolve_conv_backend(self.backend, device) == "fused"
         check_fused_width("fused" if fused else "plain", self.weight.shape[-1])
         return fused
+
+
+class ShortConv(FusableConv):
+    """SiLU of a causal depthwise conv over time; returns the last `size - 1` inputs so decoding can go on."""
+
+    def __init__(self, channels: int, size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B,T,C], state [B,size-1,C] (None: zeros) -> (SiLU(y) [B,T,C], new state)."""
@@ -111,9 +121,10 @@ def convolve_packed(packed: torch.Tensor, convs: tuple[ShortConv, ...]) -> tuple
 
 
 @torch.compiler.disable  # Triton launches, called eagerly under torch.compile (as fla_kernels._opaque)
-def fused_convs(packed: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """The fused path of `convolve_packed`, weights [C, W] each: (each conv's output, the rest, copied)."""
-    return _FusedConvs.apply(packed, *weights)
+def fused_convs(packed: torch.Tensor, weights: tuple[torch.Tensor, ...], dilation: int = 1) -> tuple[torch.Tensor, ...]:
+    """The fused path of `convolve_packed`, weights [C, W] each, taps `dilation` apart: (each conv's
+    output, the rest, copied)."""
+    return _FusedConvs.apply(packed, dilation, *weights)
 
 
 class _FusedConvs(torch.autograd.Function):
@@ -121,11 +132,12 @@ class _FusedConvs(torch.autograd.Function):
     backward writes every gradient into one tensor shaped as packed (no cat of n + 1 gradients)."""
 
     @staticmethod
-    def forward(ctx, packed: torch.Tensor, *weights: torch.Tensor):
+    def forward(ctx, packed: torch.Tensor, dilation: int, *weights: torch.Tensor):
         kernels, _ = fused_kernels()
         C, n = weights[0].shape[0], len(weights)
         ctx.save_for_backward(packed, *weights)
-        outs = [kernels.forward(packed[..., i * C : (i + 1) * C], w) for i, w in enumerate(weights)]
+        ctx.dilation = dilation
+        outs = [kernels.forward(packed[..., i * C : (i + 1) * C], w, dilation) for i, w in enumerate(weights)]
         return (*outs, packed[..., n * C :].contiguous())
 
     @staticmethod
@@ -135,17 +147,20 @@ class _FusedConvs(torch.autograd.Function):
         C, n = weights[0].shape[0], len(weights)
         dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
         dweights = [
-            kernels.backward(packed[..., i * C : (i + 1) * C], w, dy.contiguous(), dpacked[..., i * C : (i + 1) * C])
+            kernels.backward(
+                packed[..., i * C : (i + 1) * C], w, dy.contiguous(), dpacked[..., i * C : (i + 1) * C], ctx.dilation
+            )
             for i, (w, dy) in enumerate(zip(weights, grads[:n], strict=True))
         ]
         dpacked[..., n * C :].copy_(grads[n])
-        return (dpacked, *dweights)
+        return (dpacked, None, *dweights)
 
 
 def set_conv_backend(module: nn.Module, backend: str) -> None:
-    """Set the requested backend (one of CONV_BACKENDS) on every ShortConv inside `module`."""
+    """Set the requested backend (one of CONV_BACKENDS) on every conv inside `module` that has a fused
+    path (FusableConv: the KDA layers' ShortConvs, the engram's EngramConv)."""
     if backend not in CONV_BACKENDS:
         raise ValueError(f"unknown conv backend {backend!r}; choose one of {CONV_BACKENDS}")
     for m in module.modules():
-        if isinstance(m, ShortConv):
+        if isinstance(m, FusableConv):
             m.backend = backend

@@ -8,7 +8,9 @@ of the KDA layer's packed projection, as in the model) it took 48 us forward and
 take 33 us and 66 us (benches/conv_probe.py, session 16's logs; docs/performance.md).
 
 The window is four taps; a narrower conv runs with zero weights in front (the same function). A wider
-one is refused by the caller (short_conv.check_fused_width). The weight's gradient is summed in fp32
+one is refused by the caller (short_conv.check_fused_width). A conv of dilation D (the engram's) is D
+undilated ones, each over the positions of one residue mod D: a program walks one residue's positions,
+D apart, so the same registers carry its taps. The weight's gradient is summed in fp32
 over per-program parts in a fixed order (deterministic) and returned in the weight's dtype.
 
 Imported only where Triton is (CUDA machines): `short_conv.fused_kernels()` looks it up. The block
@@ -16,7 +18,8 @@ sizes are fixed, chosen once from the probe's sweep: no autotuning at a cold sta
 run the same kernels.
 
 Layouts: x [B, T, C] with unit stride over C (a slice of a wider tensor is fine), weight [C, W] fp32,
-dy [B, T, C] contiguous, y contiguous, dx [B, T, C] with unit stride over C.
+dy [B, T, C] contiguous, y contiguous, dx [B, T, C] with unit stride over C. Grid: (channel blocks,
+blocks of a residue's positions, B · D).
 """
 
 import torch
@@ -31,48 +34,57 @@ BWD_BLOCKS = (64, 64, 1)
 
 
 @triton.jit
-def _fwd_kernel(x, w, y, T, stride_x_b, stride_x_t, C: tl.constexpr, L: tl.constexpr, BD: tl.constexpr):
-    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _fwd_kernel(
+    x, w, y, T, stride_x_b, stride_x_t, C: tl.constexpr, L: tl.constexpr, BD: tl.constexpr, DIL: tl.constexpr
+):
+    i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # t below counts the positions r, r + DIL, r + 2 DIL, ... of residue r: n_r of them
+    i_b, r = i_br // DIL, i_br % DIL
+    n_r = (T - r + DIL - 1) // DIL
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < C
     w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
     w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
     w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
     w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
-    p_x = x + i_b.to(tl.int64) * stride_x_b + o_d
-    p_y = y + i_b.to(tl.int64) * T * C + o_d
+    p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + o_d
+    p_y = y + (i_b.to(tl.int64) * T + r) * C + o_d
+    s_x, s_y = stride_x_t * DIL, C * DIL
     t0 = i_t * L
     # x1, x2, x3: the inputs at t - 3, t - 2, t - 1 (zeros before the sequence's start)
-    x1 = tl.load(p_x + (t0 - 3).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
-    x2 = tl.load(p_x + (t0 - 2).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
-    x3 = tl.load(p_x + (t0 - 1).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
+    x1 = tl.load(p_x + (t0 - 3).to(tl.int64) * s_x, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
+    x2 = tl.load(p_x + (t0 - 2).to(tl.int64) * s_x, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
+    x3 = tl.load(p_x + (t0 - 1).to(tl.int64) * s_x, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
     for t in tl.range(t0, t0 + L, num_stages=3):
-        m = m_d & (t < T)
-        xt = tl.load(p_x + t.to(tl.int64) * stride_x_t, mask=m, other=0.0).to(tl.float32)
+        m = m_d & (t < n_r)
+        xt = tl.load(p_x + t.to(tl.int64) * s_x, mask=m, other=0.0).to(tl.float32)
         a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt
-        tl.store(p_y + t.to(tl.int64) * C, (a * tl.sigmoid(a)).to(y.dtype.element_ty), mask=m)
+        tl.store(p_y + t.to(tl.int64) * s_y, (a * tl.sigmoid(a)).to(y.dtype.element_ty), mask=m)
         x1, x2, x3 = x2, x3, xt
 
 
 @triton.jit
 def _bwd_kernel(
     x, w, dy, dx, dw, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr, L: tl.constexpr,
-    BD: tl.constexpr,
+    BD: tl.constexpr, DIL: tl.constexpr,
 ):  # fmt: skip
-    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, r = i_br // DIL, i_br % DIL  # as in _fwd_kernel
+    n_r = (T - r + DIL - 1) // DIL
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < C
     w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
     w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
     w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
     w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
-    p_x = x + i_b.to(tl.int64) * stride_x_b + o_d
-    p_dy = dy + i_b.to(tl.int64) * T * C + o_d
-    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + o_d
+    p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + o_d
+    p_dy = dy + (i_b.to(tl.int64) * T + r) * C + o_d
+    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + r * stride_dx_t + o_d
+    s_x, s_dy, s_dx = stride_x_t * DIL, C * DIL, stride_dx_t * DIL
     t0 = i_t * L
-    x1 = tl.load(p_x + (t0 - 3).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
-    x2 = tl.load(p_x + (t0 - 2).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
-    x3 = tl.load(p_x + (t0 - 1).to(tl.int64) * stride_x_t, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
+    x1 = tl.load(p_x + (t0 - 3).to(tl.int64) * s_x, mask=m_d & (t0 >= 3), other=0.0).to(tl.float32)
+    x2 = tl.load(p_x + (t0 - 2).to(tl.int64) * s_x, mask=m_d & (t0 >= 2), other=0.0).to(tl.float32)
+    x3 = tl.load(p_x + (t0 - 1).to(tl.int64) * s_x, mask=m_d & (t0 >= 1), other=0.0).to(tl.float32)
     # d1, d2, d3: the pre-activation's gradient at t - 1, t - 2, t - 3; g0..g3: this program's part of dw
     d1 = tl.zeros((BD,), dtype=tl.float32)
     d2 = tl.zeros((BD,), dtype=tl.float32)
@@ -83,14 +95,14 @@ def _bwd_kernel(
     g3 = tl.zeros((BD,), dtype=tl.float32)
     # dx[u] needs da[u .. u + 3]: walk three positions past the block and write dx[t - 3].
     for t in tl.range(t0, t0 + L + 3, num_stages=3):
-        m = m_d & (t < T)
-        xt = tl.load(p_x + t.to(tl.int64) * stride_x_t, mask=m, other=0.0).to(tl.float32)
+        m = m_d & (t < n_r)
+        xt = tl.load(p_x + t.to(tl.int64) * s_x, mask=m, other=0.0).to(tl.float32)
         a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt  # the pre-activation, recomputed
         sig = tl.sigmoid(a)
-        da = tl.load(p_dy + t.to(tl.int64) * C, mask=m, other=0.0).to(tl.float32) * sig * (1 + a * (1 - sig))
+        da = tl.load(p_dy + t.to(tl.int64) * s_dy, mask=m, other=0.0).to(tl.float32) * sig * (1 + a * (1 - sig))
         u = t - 3
         du = w0 * da + w1 * d1 + w2 * d2 + w3 * d3
-        tl.store(p_dx + u.to(tl.int64) * stride_dx_t, du.to(dx.dtype.element_ty), mask=m_d & (u >= t0) & (u < T))
+        tl.store(p_dx + u.to(tl.int64) * s_dx, du.to(dx.dtype.element_ty), mask=m_d & (u >= t0) & (u < n_r))
         own = tl.where(t < t0 + L, da, 0.0)  # dw from this block's positions only
         g0 += own * x1
         g1 += own * x2
@@ -98,7 +110,7 @@ def _bwd_kernel(
         g3 += own * xt
         x1, x2, x3 = x2, x3, xt
         d3, d2, d1 = d2, d1, da
-    p_dw = dw + (i_b * tl.num_programs(1) + i_t).to(tl.int64) * C * 4 + o_d * 4
+    p_dw = dw + (i_br * tl.num_programs(1) + i_t).to(tl.int64) * C * 4 + o_d * 4
     tl.store(p_dw, g0, mask=m_d)
     tl.store(p_dw + 1, g1, mask=m_d)
     tl.store(p_dw + 2, g2, mask=m_d)
@@ -111,28 +123,42 @@ def _taps(weight: torch.Tensor) -> torch.Tensor:
     return F.pad(weight.float(), (TAPS - weight.shape[1], 0)).contiguous()
 
 
-def forward(x: torch.Tensor, weight: torch.Tensor, blocks: tuple[int, int, int] = FWD_BLOCKS) -> torch.Tensor:
-    """SiLU(causal depthwise conv of x [B, T, C] with weight [C, W]), contiguous [B, T, C] in x's dtype."""
+def _grid(x: torch.Tensor, L: int, BD: int, dilation: int) -> tuple[int, int, int]:
+    B, T, C = x.shape
+    return triton.cdiv(C, BD), triton.cdiv(triton.cdiv(T, dilation), L), B * dilation
+
+
+def forward(
+    x: torch.Tensor, weight: torch.Tensor, dilation: int = 1, blocks: tuple[int, int, int] = FWD_BLOCKS
+) -> torch.Tensor:
+    """SiLU(causal depthwise conv of x [B, T, C] with weight [C, W], taps `dilation` apart), contiguous
+    [B, T, C] in x's dtype."""
     B, T, C = x.shape
     assert x.stride(-1) == 1 and weight.shape[0] == C, (x.stride(), weight.shape)
     L, BD, num_warps = blocks
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(C, BD), triton.cdiv(T, L), B)
-    _fwd_kernel[grid](x, _taps(weight), y, T, x.stride(0), x.stride(1), C=C, L=L, BD=BD, num_warps=num_warps)
+    _fwd_kernel[_grid(x, L, BD, dilation)](
+        x, _taps(weight), y, T, x.stride(0), x.stride(1), C=C, L=L, BD=BD, DIL=dilation, num_warps=num_warps
+    )
     return y
 
 
 def backward(
-    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, blocks: tuple[int, int, int] = BWD_BLOCKS
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    dx: torch.Tensor,
+    dilation: int = 1,
+    blocks: tuple[int, int, int] = BWD_BLOCKS,
 ) -> torch.Tensor:
     """Writes the input's gradient into `dx` (x's shape, unit stride over C); returns the weight's [C, W]."""
     B, T, C = x.shape
     assert dy.is_contiguous() and dx.stride(-1) == 1 and dx.shape == x.shape, (dy.stride(), dx.stride())
     L, BD, num_warps = blocks
-    grid = (triton.cdiv(C, BD), triton.cdiv(T, L), B)
-    parts = torch.empty(B * grid[1], C, TAPS, dtype=torch.float32, device=x.device)
+    grid = _grid(x, L, BD, dilation)
+    parts = torch.empty(grid[2] * grid[1], C, TAPS, dtype=torch.float32, device=x.device)
     _bwd_kernel[grid](
         x, _taps(weight), dy, dx, parts, T, x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), C=C, L=L, BD=BD,
-        num_warps=num_warps,
+        DIL=dilation, num_warps=num_warps,
     )  # fmt: skip
     return parts.sum(0)[:, TAPS - weight.shape[1] :].to(weight.dtype)

@@ -5,8 +5,9 @@ The kernels against float64 on the same inputs: fp32 output and gradients to 1e-
 (max|d|/max|ref|); bf16 output and input gradient to one bf16 rounding (2^-8), the weight's gradient
 (summed in fp32) to 1e-5. Shapes: the model's, shorter than the kernel, and ragged (positions and
 channels not multiples of the blocks); widths 4, 3, 2 (zeros in front of the weights); the input a slice
-of a wider tensor. Two backward runs give the same bits. Also: q, k, v as slices of one projection
-through the fused Function against the plain path, and a model on CUDA running every conv fused.
+of a wider tensor; dilations 1, 4 (the engram's) and 3. Two backward runs give the same bits. Also: q, k,
+v as slices of one projection through the fused Function against the plain path, and a model on CUDA
+running every conv fused.
 """
 
 import pytest
@@ -34,35 +35,37 @@ def rel(x, ref):
     return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-def reference(x, w, dy):
+def reference(x, w, dy, dilation=1):
     """float64 SiLU(causal depthwise conv), its input's and weight's gradients by autograd."""
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    a = F.conv1d(F.pad(xd.transpose(1, 2), (w.shape[1] - 1, 0)), wd[:, None], groups=w.shape[0])
+    xp = F.pad(xd.transpose(1, 2), ((w.shape[1] - 1) * dilation, 0))
+    a = F.conv1d(xp, wd[:, None], groups=w.shape[0], dilation=dilation)
     y = F.silu(a).transpose(1, 2)
     y.backward(dy.double())
     return y.detach(), xd.grad, wd.grad
 
 
+@pytest.mark.parametrize("dilation", [1, 4, 3], ids=["dil1", "dil4", "dil3"])
 @pytest.mark.parametrize("width", [4, 3, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(64, 256, 512), (3, 2, 96), (2, 100, 200)], ids=["model", "short", "ragged"])
-def test_kernels_against_float64(shape, dtype, width):
+def test_kernels_against_float64(shape, dtype, width, dilation):
     B, T, C = shape
     gen = rng.generator(0, 0, "test")
     wide = torch.randn(B, T, 3 * C + 8, generator=gen).to(dtype).cuda()
     x = wide[..., C : 2 * C]  # a slice, as q, k, v of the packed projection
     w = (0.5 * torch.randn(C, width, generator=gen)).cuda()
     dy = torch.randn(B, T, C, generator=gen).to(dtype).cuda()
-    y = kernels.forward(x, w)
+    y = kernels.forward(x, w, dilation)
     dx = torch.empty_like(dy)
-    dw = kernels.backward(x, w, dy, dx)
-    y_ref, dx_ref, dw_ref = reference(x, w, dy)
+    dw = kernels.backward(x, w, dy, dx, dilation)
+    y_ref, dx_ref, dw_ref = reference(x, w, dy, dilation)
     measured = {"y": rel(y, y_ref), "dx": rel(dx, dx_ref), "dw": rel(dw, dw_ref)}
-    print(f"{shape} {dtype} width {width}, max|d|/max|ref|: {measured}")
+    print(f"{shape} {dtype} width {width} dilation {dilation}, max|d|/max|ref|: {measured}")
     assert y.dtype == dx.dtype == dtype and dw.dtype == torch.float32 and dw.shape == (C, width)
     assert all(m <= tol for m, tol in zip(measured.values(), TOL[dtype], strict=True)), measured
     dx_again = torch.empty_like(dy)
-    assert torch.equal(kernels.backward(x, w, dy, dx_again), dw) and torch.equal(dx_again, dx)
+    assert torch.equal(kernels.backward(x, w, dy, dx_again, dilation), dw) and torch.equal(dx_again, dx)
 
 
 def test_the_refusal_s_width_is_the_kernels_window():
@@ -104,4 +107,5 @@ def test_model_on_cuda_runs_every_conv_fused():
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
     counters.CONV.reset()
     model(ids, targets=ids).loss.backward()
-    assert counters.CONV.calls == 3 * cfg.model.block_layers * cfg.model.depth == counters.CONV.fused
+    # the KDA layers' convs at every loop iteration, and the engram's (EngramConv: dilation 4) once
+    assert counters.CONV.calls == 3 * cfg.model.block_layers * cfg.model.depth + 1 == counters.CONV.fused
