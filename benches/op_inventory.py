@@ -129,8 +129,8 @@ def fla_standins(mode: Inventory):
             return torch.zeros(x.shape, dtype=x_dtype), torch.zeros_like(weight), None, None
 
     class ConvKernels:  # model/short_conv_kernels.py: y contiguous [B, T, C], dx written in place
-        forward = staticmethod(_opaque(mode, lambda x, weight: torch.zeros(x.shape, dtype=x.dtype)))
-        backward = staticmethod(_opaque(mode, lambda x, weight, dy, dx: torch.zeros_like(weight)))
+        forward = staticmethod(_opaque(mode, lambda x, weight, dilation=1: torch.zeros(x.shape, dtype=x.dtype)))
+        backward = staticmethod(_opaque(mode, lambda x, weight, dy, dx, dilation=1: torch.zeros_like(weight)))
 
     class Launch:  # a Triton kernel `kernel[grid](**args)` writing its preallocated outputs: nothing here
         def __getitem__(self, grid):
