@@ -247,6 +247,16 @@ def test_idle_line_names_what_the_host_ran_while_the_device_waited():
     )
 
 
+def test_gaps_line_lists_the_longest_gaps_in_time_order_with_their_host_events():
+    spans = [(12, 20), (0, 10), (50, 60), (100, 110), (52, 55)]  # gaps 10-12, 20-50, 60-100
+    host = [("aten::_coalesce", 18, 40), ("python step", 45, 105), ("aten::index_select", 61, 70)]
+    assert bench.gaps_line(spans, host, top=2) == (
+        "longest idle gaps in time order (us, host events overlapping most): "
+        "30 [aten::_coalesce 20, python step 5]; 40 [python step 40, aten::index_select 9]"
+    )
+    assert bench.gaps_line([(0, 10)], host).endswith("most): none")
+
+
 def test_a_history_without_the_added_columns_is_extended_once(tmp_path):
     from dormouse.tools.history import read_history
 

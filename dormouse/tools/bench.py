@@ -788,8 +788,8 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
     slows), the ops sorted by their own device time (CPU time on the CPU): one per op, then one per op and
     input shapes, which tells which call of a generic kernel (a cast, a strided copy) costs what. Kernels
     replayed from a CUDA graph have no op to group under: profile the eager step for the second table.
-    On CUDA two first lines say how much of the steps' wall time the device was busy (`busy_line`) and
-    what the host ran while it idled (`idle_line`)."""
+    On CUDA three first lines say how much of the steps' wall time the device was busy (`busy_line`),
+    what the host ran while it idled (`idle_line`) and where its longest waits were (`gaps_line`)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -813,7 +813,7 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     ]
     host = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CPU]
-    return f"{busy_line(spans, n, wall_us)}\n{idle_line(spans, host, n)}\n{tables}"
+    return f"{busy_line(spans, n, wall_us)}\n{idle_line(spans, host, n)}\n{gaps_line(spans, host)}\n{tables}"
 
 
 def _busy_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -851,15 +851,11 @@ def idle_line(
     `min_gap_us` between busy intervals, and the `top` host events `(name, start, end)` (µs) by their
     overlap with those gaps: what the host ran while the device waited. Nested events (an op and the ops
     it calls, a launch inside an op) each count their own overlap."""
-    busy = _busy_intervals(spans)
-    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] >= min_gap_us]
-    starts = [g[0] for g in gaps]
+    gaps = _gaps(_busy_intervals(spans), min_gap_us)
     overlap: dict[str, float] = collections.defaultdict(float)
-    for name, start, end in host:
-        i = max(bisect.bisect_right(starts, start) - 1, 0)
-        while i < len(gaps) and gaps[i][0] < end:
-            overlap[name] += max(0.0, min(end, gaps[i][1]) - max(start, gaps[i][0]))
-            i += 1
+    for per_gap in _overlaps(gaps, host):
+        for name, t in per_gap.items():
+            overlap[name] += t
     per = 1e-3 / steps
     idle = sum(b - a for a, b in gaps) * per
     ranked = sorted(((t, n) for n, t in overlap.items() if t > 0), reverse=True)[:top]
@@ -868,6 +864,35 @@ def idle_line(
         f"device idle {idle:.2f} ms per step in {len(gaps) / steps:.0f} gaps of >= {min_gap_us:g} us; host events "
         f"overlapping them (ms per step): {during}"
     )
+
+
+def _gaps(busy: list[tuple[float, float]], min_gap_us: float) -> list[tuple[float, float]]:
+    return [(a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] >= min_gap_us]
+
+
+def _overlaps(gaps: list[tuple[float, float]], host: list[tuple[str, float, float]]) -> list[dict[str, float]]:
+    """Per gap, each host event name's overlap with it (µs)."""
+    starts = [g[0] for g in gaps]
+    per_gap: list[dict[str, float]] = [collections.defaultdict(float) for _ in gaps]
+    for name, start, end in host:
+        i = max(bisect.bisect_right(starts, start) - 1, 0)
+        while i < len(gaps) and gaps[i][0] < end:
+            per_gap[i][name] += max(0.0, min(end, gaps[i][1]) - max(start, gaps[i][0]))
+            i += 1
+    return per_gap
+
+
+def gaps_line(spans: list[tuple[float, float]], host: list[tuple[str, float, float]], top: int = 12) -> str:
+    """The `top` longest idle gaps of the profiled steps, in time order, each with its length and the
+    three host events overlapping it most (µs): where in the step the device waits, and on what."""
+    gaps = _gaps(_busy_intervals(spans), 0.0)
+    per_gap = _overlaps(gaps, host)
+    longest = sorted(sorted(range(len(gaps)), key=lambda i: gaps[i][0] - gaps[i][1])[:top])
+    parts = []
+    for i in longest:
+        names = sorted(((t, n) for n, t in per_gap[i].items() if t > 0), reverse=True)[:3]
+        parts.append(f"{gaps[i][1] - gaps[i][0]:.0f} [" + ", ".join(f"{n} {t:.0f}" for t, n in names) + "]")
+    return f"longest idle gaps in time order (us, host events overlapping most): {'; '.join(parts) or 'none'}"
 
 
 def timing_columns(
