@@ -144,6 +144,16 @@ def test_bytes_outside_the_byte_range_are_refused():
         engram_keys(torch.tensor([[1]]), (0, 2), 1, 8, 0)
 
 
+def test_bytes_checked_skips_the_range_check_only():
+    # The trainer's batches are bytes by construction; its look-up skips the range check (a host sync on
+    # CUDA), never the dtype's.
+    x = torch.tensor([[1, 2, 3]])
+    assert torch.equal(engram_keys(x, (2,), 1, 8, 0, bytes_checked=True), engram_keys(x, (2,), 1, 8, 0))
+    engram_keys(torch.tensor([[1, 256]]), (2,), 1, 8, 0, bytes_checked=True)  # the caller's promise
+    with pytest.raises(TypeError, match="int64"):
+        engram_keys(torch.tensor([[1]], dtype=torch.int32), (2,), 1, 8, 0, bytes_checked=True)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 4096, 10**9 + 7])
 def test_keys_lie_in_range_and_use_the_rows(rows):
     keys = engram_keys(byte_ids(4, 256), (1, 2, 3, 4), 2, rows, 0)

@@ -133,3 +133,22 @@ def test_cuda_graph_needs_one_process_on_cuda():
         config.resolve(cfg, cuda_available=False)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         GraphedStep(small_model(), None, torch.device("cpu"))
+
+
+def test_the_look_up_before_a_replay_does_not_sync_on_the_bytes(monkeypatch):
+    # A range check of the batch's bytes (a host sync on CUDA) before each replay made the host wait for
+    # the previous update: the look-up hashes the sampler's bytes unchecked, to the same keys.
+    from dormouse.model import engram
+
+    model = small_model()
+    x, _ = batch()
+    expected = {j: engram.global_rows(m.keys(x), m.rows) for j, m in model.memories()}
+
+    def sync(x, name):
+        raise AssertionError("the look-up checked the bytes' range")
+
+    monkeypatch.setattr(engram, "_check_bytes", sync)
+    rows = {j: torch.zeros(*x.shape, m.arms, m.dim) for j, m in model.memories()}
+    looked_up = look_up_rows_(model, x, rows)
+    assert looked_up.keys() == expected.keys()
+    assert all(torch.equal(looked_up[j], expected[j]) for j in expected)

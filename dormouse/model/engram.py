@@ -174,26 +174,33 @@ def check_byte_dtype(x: torch.Tensor, name: str) -> None:
 def _check_bytes(x: torch.Tensor, name: str) -> None:
     """int64 and in [0, 256): the hash needs real bytes."""
     check_byte_dtype(x, name)
-    # One host sync, which a CUDA graph capture cannot hold: a captured step's bytes are checked when
-    # its rows are looked up, eagerly, before each replay (train/graphed.py).
+    # One host sync, which a CUDA graph capture cannot hold: a captured step's bytes are the sampler's,
+    # bytes by construction (train/graphed.py's look-up passes bytes_checked).
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
     if x.numel() and not capturing and bool(((x < 0) | (x > 255)).any()):
         # A value ≥ 256 would alias PAD (or be hashed as a non-byte): refuse rather than hash it.
         raise ValueError(f"{name} must hold bytes in [0, 256); got values in [{int(x.min())}, {int(x.max())}]")
 
 
-def engram_keys(input_ids: torch.Tensor, orders, heads: int, rows: int, seed: int) -> torch.Tensor:
+def engram_keys(
+    input_ids: torch.Tensor, orders, heads: int, rows: int, seed: int, *, bytes_checked: bool = False
+) -> torch.Tensor:
     """THE key function: input_ids [B, T] int64 bytes -> per-arm row ids [B, T, arms] int64 in [0, rows).
 
     Arms are ordered order-major, head-minor (`a = orders.index(n)·heads + head`). Each arm has its own
     table slice; `global_rows` adds the offsets. See the module docstring for the exact formula.
     Computed on input_ids' device with exact int64 arithmetic only, so every device gives the same keys
     (tests/gpu/test_engram_keys_cuda.py compares CUDA's with the CPU's; not run on a GPU yet).
+    `bytes_checked`: the caller vouches that the values are in [0, 256) (the trainer's batches, bytes by
+    construction), so the range check, a host sync on CUDA, is skipped; the dtype is checked still.
     """
     orders = _check_config(orders, heads, rows, seed)
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
-    _check_bytes(input_ids, "input_ids")
+    if bytes_checked:
+        check_byte_dtype(input_ids, "input_ids")
+    else:
+        _check_bytes(input_ids, "input_ids")
     pad = input_ids.new_full((input_ids.shape[0], max(orders) - 1), PAD)
     return _keys_from_context(torch.cat([pad, input_ids], dim=1), orders, heads, rows, seed)
 
@@ -456,8 +463,8 @@ class Engram(nn.Module):
 
     # The key function with this module's configuration (so a model cannot hash with another one).
 
-    def keys(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return engram_keys(input_ids, self.orders, self.heads, self.rows, self.hash_seed)
+    def keys(self, input_ids: torch.Tensor, *, bytes_checked: bool = False) -> torch.Tensor:
+        return engram_keys(input_ids, self.orders, self.heads, self.rows, self.hash_seed, bytes_checked=bytes_checked)
 
     def empty_window(self, batch_size: int, device: torch.device | str = "cpu") -> EngramWindow:
         return EngramWindow.empty(batch_size, self.orders, device)

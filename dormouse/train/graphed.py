@@ -16,10 +16,11 @@ What stays eager, around each replay:
   (`CUDAGraph.register_generator_state`), reseeded before each replay with the step's dropout seed
   (model/dropout.py's `step_seed`); a replay reads the seed and an offset of 0, as a fresh generator
   seeded so would, so the masks are the eager step's bit for bit;
-- each engram table's row lookup: the captured forward reads the looked-up rows from a static leaf
-  tensor instead of the table (`Engram.captured_rows`), and after the replay the table's sparse gradient
-  is built from that leaf's gradient exactly as `nn.Embedding(sparse=True)`'s backward builds it (row
-  indices, one gradient row per lookup, uncoalesced); the tables' row-wise optimizer needs
+- each engram table's row lookup (no host sync: `look_up_rows_`): the captured forward reads the
+  looked-up rows from a static leaf tensor instead of the table (`Engram.captured_rows`), and after
+  the replay the table's sparse gradient is built from that leaf's gradient exactly as
+  `nn.Embedding(sparse=True)`'s backward builds it (row indices, one gradient row per lookup,
+  uncoalesced); the tables' row-wise optimizer needs
   data-dependent sizes, which a graph cannot hold;
 - the update: the clip's dense part and NesterovSinkhorn's step are a second graph of their own
   (train/graphed_update.py); the engram tables' clip, AdamW and SparseRowAdam stay eager.
@@ -76,11 +77,14 @@ class CountDelta:
 
 def look_up_rows_(model: DormouseLM, x: torch.Tensor, rows: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
     """Each memory's table rows for the bytes x, copied into `rows` ({insertion layer: [B, T, arms, dim]},
-    what `Engram.captured_rows` hands the forward); returns the row indices ({layer: [B, T, arms]})."""
+    what `Engram.captured_rows` hands the forward); returns the row indices ({layer: [B, T, arms]}).
+    x is the trainer's batch, bytes by construction (the sampler's uint8 windows): the keys skip the
+    range check, whose host sync here made the host wait for the previous update to finish before it
+    could queue this step (session 19: 3-4 ms of idle device a step at B 64)."""
     looked_up = {}
     with torch.no_grad():
         for j, m in model.memories():
-            looked_up[j] = global_rows(m.keys(x), m.rows)
+            looked_up[j] = global_rows(m.keys(x, bytes_checked=True), m.rows)
             rows[j].copy_(m.table(looked_up[j]))
     return looked_up
 
