@@ -84,12 +84,15 @@ def main() -> None:
         dw = short_conv_kernels.backward(x, w, dy, dx)
         print(f"dormouse errors vs float64: y {rel(y, y_ref):.1e}, dx {rel(dx, dx_ref):.1e}, dw {rel(dw, dw_ref):.1e}")
         chosen = (short_conv_kernels.FWD_BLOCKS, short_conv_kernels.BWD_BLOCKS)
-        for blocks in ((32, 128, 1), (16, 128, 1), (64, 128, 2), (32, 64, 1), (64, 64, 1), (32, 256, 2)):
+        for blocks in (
+            (32, 128, 1, 2), (32, 128, 1, 3), (64, 128, 1, 2), (32, 64, 1, 2), (64, 64, 1, 2), (16, 128, 1, 2),
+            (32, 128, 2, 2), (64, 256, 2, 2), (32, 256, 2, 2), (128, 128, 1, 2), (64, 64, 1, 3), (32, 64, 1, 3),
+        ):  # fmt: skip
             f = median_ms(functools.partial(short_conv_kernels.forward, x, w, blocks=blocks))
             b = median_ms(functools.partial(short_conv_kernels.backward, x, w, dy, dx, blocks=blocks))
             mark = " ".join(name for name, c in zip(("fwd", "bwd"), chosen, strict=True) if c == blocks)
             print(
-                f"dormouse L, BD, warps {blocks}: fwd {f * 1e3:6.1f} us ({floor['fwd'] / f / 1e9:.2f} TB/s), "
+                f"dormouse L, BD, warps, stages {blocks}: fwd {f * 1e3:6.1f} us ({floor['fwd'] / f / 1e9:.2f} TB/s), "
                 f"bwd {b * 1e3:6.1f} us ({floor['bwd'] / b / 1e9:.2f} TB/s){'  <- chosen ' + mark if mark else ''}"
             )
 

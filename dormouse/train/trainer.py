@@ -191,7 +191,7 @@ class Trainer:
             return None
         starts = span_starts(t.seed, step, t.batch_size, t.seq_len, m.jepa_span, m.jepa_spans)
         rows = rank_rows(t.batch_size, self.world.rank, self.world.size)
-        return starts[rows.start : rows.stop].to(self.device, non_blocking=True)
+        return self._to_device(starts[rows.start : rows.stop])
 
     def dropout_gen(self, step: int) -> torch.Generator | None:
         """This rank's dropout generator of step `step` (keyed by (seed, step, rank): model/dropout.py); None:
@@ -212,13 +212,19 @@ class Trainer:
                 dropout_gen=dropout_gen,
             )
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor of the step on the run's device without the host waiting for the GPU: from pinned
+        memory, asynchronously (from pageable memory CUDA may synchronise the stream to stage the copy,
+        which would make the host wait for the previous update before it queues this step)."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def train_step(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats)."""
         t = self.cfg.train
         rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
-        # non_blocking: the host does not wait for the GPU to finish the previous update before it queues
-        # this step (a blocking copy synchronises the stream; CUDA stages pageable memory at once).
-        x, y = (z.to(self.device, non_blocking=True) for z in rows)
+        x, y = (self._to_device(z) for z in rows)
         self.opt.set_lr(lr_multiplier(step, t))
         depth = self.step_depth(step)
         self.depths.append(depth)
