@@ -161,6 +161,15 @@ def test_lr_zero_leaves_every_parameter_bit_identical(corpus, tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_step_s_phases_are_named_for_the_profiler(corpus, tmp_path):
+    # bench --profile's idle gaps line names the phase the host was in while the device waited.
+    trainer = fresh(tiny_config(), corpus, tmp_path / "run")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.train_step(0)
+    names = {e.key for e in prof.key_averages()}
+    assert {"dormouse.batch", "dormouse.forward_backward", "dormouse.update", "dormouse.check"} <= names
+
+
 def test_byte_noise_reaches_the_training_batches_and_repeats(corpus, tmp_path):
     runs = {name: tmp_path / name for name in ("clean", "noisy", "again")}
     for name, run in runs.items():

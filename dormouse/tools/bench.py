@@ -884,13 +884,14 @@ def _overlaps(gaps: list[tuple[float, float]], host: list[tuple[str, float, floa
 
 def gaps_line(spans: list[tuple[float, float]], host: list[tuple[str, float, float]], top: int = 12) -> str:
     """The `top` longest idle gaps of the profiled steps, in time order, each with its length and the
-    three host events overlapping it most (µs): where in the step the device waits, and on what."""
+    five host events overlapping it most (µs; the trainer's phases are named ranges, `dormouse.*`):
+    where in the step the device waits, and on what."""
     gaps = _gaps(_busy_intervals(spans), 0.0)
     per_gap = _overlaps(gaps, host)
     longest = sorted(sorted(range(len(gaps)), key=lambda i: gaps[i][0] - gaps[i][1])[:top])
     parts = []
     for i in longest:
-        names = sorted(((t, n) for n, t in per_gap[i].items() if t > 0), reverse=True)[:3]
+        names = sorted(((t, n) for n, t in per_gap[i].items() if t > 0), reverse=True)[:5]
         parts.append(f"{gaps[i][1] - gaps[i][0]:.0f} [" + ", ".join(f"{n} {t:.0f}" for t, n in names) + "]")
     return f"longest idle gaps in time order (us, host events overlapping most): {'; '.join(parts) or 'none'}"
 

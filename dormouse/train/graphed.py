@@ -35,6 +35,7 @@ reset to what they were.
 """
 
 import torch
+from torch.profiler import record_function
 
 from dormouse import counters, ledger
 from dormouse.model.engram import global_rows
@@ -143,14 +144,16 @@ class GraphedStep:
             raise ValueError(f"dropout is {'on' if self.dropout_gen else 'off'} in this graph; got seed {dropout_seed}")
         if not self.static:
             self._make_static(x, y, jepa_starts)
-        looked_up = self._fill(x, y, jepa_starts)
+        with record_function("dormouse.look_up"):
+            looked_up = self._fill(x, y, jepa_starts)
         if depth not in self.captures:  # the capture leaves this batch's inputs in place: replayed as they are
             self.captures[depth] = self._capture(depth)
             self.grads = self.grads or self.captures[depth].grads
         c = self.captures[depth]
         if self.dropout_gen is not None:  # the replay reads this seed, at offset 0
             self.dropout_gen.manual_seed(dropout_seed)
-        c.graph.replay()
+        with record_function("dormouse.replay"):
+            c.graph.replay()
         self.replays += 1
         c.counts.replay()
         if c.grads is not self.grads:  # another depth's graph: its gradients into the buffers the update reads

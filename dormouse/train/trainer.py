@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 from tqdm import tqdm
 
 import dormouse
@@ -221,38 +222,45 @@ class Trainer:
         return t.pin_memory().to(self.device, non_blocking=True)
 
     def train_step(self, step: int) -> float:
-        """One update on batch `step`; returns the training cross-entropy (nats)."""
+        """One update on batch `step`; returns the training cross-entropy (nats). Its phases are named
+        ranges for the profiler (`dormouse bench --profile`: the idle gaps line says which phase the host
+        was in while the device waited)."""
         t = self.cfg.train
-        rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
-        x, y = (self._to_device(z) for z in rows)
-        self.opt.set_lr(lr_multiplier(step, t))
-        depth = self.step_depth(step)
-        self.depths.append(depth)
-        starts = self.jepa_starts(step)
+        with record_function("dormouse.batch"):
+            rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
+            x, y = (self._to_device(z) for z in rows)
+            self.opt.set_lr(lr_multiplier(step, t))
+            depth = self.step_depth(step)
+            self.depths.append(depth)
+            starts = self.jepa_starts(step)
         max_norm = t.grad_clip or math.inf  # grad_clip 0 = the norm only
-        if self.graphed is not None:  # forward and backward replayed; the gradients are set
-            seed = step_seed(t.seed, step) if draws_masks(self.cfg.model) else None
-            out = self.graphed(x, y, starts, seed, depth=depth)
-            terms = {"loss": out.loss, "ce": out.ce, **out.aux}
-        else:
-            out = self._forward(x, y, starts, self.dropout_gen(step), depth)
-            # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
-            terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
-            out.loss.backward()
-        if self.graphed_update is not None:  # the clip and NesterovSinkhorn's step replayed (graphed_update.py)
-            values = self._checked_values(step, terms)
-            self.grad_norm = self.graphed_update(max_norm)
-        else:  # eager, and --cuda-graph --no-graph-update (one process: the averaging and shards are no-ops)
-            average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
-            # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
-            # The sparse-aware clip: the engram table's gradient is sparse.
-            shards = [m.weight for _, m in sharded_tables(self.model)]  # --engram-shard: this rank's rows only
-            self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
-            values = self._checked_values(step, terms)
-            self.opt.step()
-        if self.ema is not None:
-            self.ema.update(step)
-        self.opt.zero_grad(set_to_none=True)
+        with record_function("dormouse.forward_backward"):
+            if self.graphed is not None:  # forward and backward replayed; the gradients are set
+                seed = step_seed(t.seed, step) if draws_masks(self.cfg.model) else None
+                out = self.graphed(x, y, starts, seed, depth=depth)
+                terms = {"loss": out.loss, "ce": out.ce, **out.aux}
+            else:
+                out = self._forward(x, y, starts, self.dropout_gen(step), depth)
+                # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
+                terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
+                out.loss.backward()
+        with record_function("dormouse.update"):
+            if self.graphed_update is not None:  # the clip and NesterovSinkhorn's step replayed (graphed_update.py)
+                with record_function("dormouse.check"):
+                    values = self._checked_values(step, terms)
+                self.grad_norm = self.graphed_update(max_norm)
+            else:  # eager, and --cuda-graph --no-graph-update (one process: the averaging and shards are no-ops)
+                average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
+                # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
+                # The sparse-aware clip: the engram table's gradient is sparse.
+                shards = [m.weight for _, m in sharded_tables(self.model)]  # --engram-shard: this rank's rows only
+                self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
+                with record_function("dormouse.check"):
+                    values = self._checked_values(step, terms)
+                self.opt.step()
+            if self.ema is not None:
+                self.ema.update(step)
+            self.opt.zero_grad(set_to_none=True)
         return values["ce"]
 
     @staticmethod
