@@ -392,6 +392,17 @@ def test_batches_are_shifted_windows_of_the_raw_bytes_across_shards(tmp_path):
         assert torch.equal(xh[row], raw_h[off : off + 16]) and torch.equal(yh[row], raw_h[off + 1 : off + 17])
 
 
+def test_a_batch_is_cut_and_widened_in_numpy_not_by_torch_ops(tmp_path):
+    # torch runs an op of >= 32768 elements on its thread pool, whose wake-up after the host's wait for
+    # the GPU cost 1-5 ms a step on the H200: the windows become int64 inputs and targets in numpy, and
+    # torch copies nothing (it draws the offsets).
+    sampler = Sampler(tail_corpus(tmp_path, random_bytes(4000), 0.25, shard_bytes=37), batch_size=8, seq_len=16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        sampler.batch(seed=3, step=5)
+    ops = {e.key for e in prof.key_averages()}
+    assert not ops & {"aten::to", "aten::_to_copy", "aten::copy_", "aten::clone", "aten::contiguous"}, ops
+
+
 def test_offsets_cover_every_window_start_uniformly(tmp_path):
     corpus = tail_corpus(tmp_path, random_bytes(80), 0.5, shard_bytes=16)  # train: 40 bytes
     sampler = Sampler(corpus, batch_size=8, seq_len=16)
