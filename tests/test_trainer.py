@@ -170,6 +170,18 @@ def test_a_step_s_phases_are_named_for_the_profiler(corpus, tmp_path):
     assert {"dormouse.batch", "dormouse.forward_backward", "dormouse.update", "dormouse.check"} <= names
 
 
+def test_a_step_reads_the_next_batch_while_the_gpu_runs_it(corpus, tmp_path):
+    trainer = fresh(tiny_config(), corpus, tmp_path / "run")
+    t = trainer.cfg.train
+    trainer.train_step(0)
+    step, (x, y) = trainer.next_batch
+    expected = trainer.sampler.batch(t.seed, 1)
+    assert step == 1 and torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+    assert trainer._batch(1) is trainer.next_batch[1]  # used as read
+    fresh_x, _ = trainer._batch(5)  # any other step is read then
+    assert torch.equal(fresh_x, trainer.sampler.batch(t.seed, 5)[0])
+
+
 def test_byte_noise_reaches_the_training_batches_and_repeats(corpus, tmp_path):
     runs = {name: tmp_path / name for name in ("clean", "noisy", "again")}
     for name, run in runs.items():

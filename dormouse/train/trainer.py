@@ -94,6 +94,7 @@ class Trainer:
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
+        self.next_batch: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # (step, its x, y)
         self.depths: list[int] = []  # loop depths of the training steps since the last eval
         self.step_ms: list[float] = []  # every training step this process ran, in run_loop's clock
         self.saved_step = None
@@ -213,6 +214,19 @@ class Trainer:
                 dropout_gen=dropout_gen,
             )
 
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `step` on the device: the one the previous step read while the GPU ran it (the host would
+        otherwise read it while the GPU waits: ~0.7 ms a step at B 64 on the H200), else read now."""
+        if self.next_batch is not None and self.next_batch[0] == step:
+            return self.next_batch[1]
+        return self._read_batch(step)
+
+    def _read_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.cfg.train
+        rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
+        x, y = (self._to_device(z) for z in rows)
+        return x, y
+
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor of the step on the run's device without the host waiting for the GPU: from pinned
         memory, asynchronously (from pageable memory CUDA may synchronise the stream to stage the copy,
@@ -227,8 +241,7 @@ class Trainer:
         was in while the device waited)."""
         t = self.cfg.train
         with record_function("dormouse.batch"):
-            rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
-            x, y = (self._to_device(z) for z in rows)
+            x, y = self._batch(step)
             self.opt.set_lr(lr_multiplier(step, t))
             depth = self.step_depth(step)
             self.depths.append(depth)
@@ -244,6 +257,8 @@ class Trainer:
                 # Averaged over the ranks (equal targets per rank: the whole batch's mean), so all stop together.
                 terms = self.world.mean({"loss": out.loss, "ce": out.ce, **out.aux})
                 out.loss.backward()
+        with record_function("dormouse.prefetch"):  # while the GPU runs this step; a pure function of (seed, step)
+            self.next_batch = (step + 1, self._read_batch(step + 1))
         with record_function("dormouse.update"):
             if self.graphed_update is not None:  # the clip and NesterovSinkhorn's step replayed (graphed_update.py)
                 with record_function("dormouse.check"):
