@@ -16,12 +16,12 @@ What stays eager, around each replay:
   (`CUDAGraph.register_generator_state`), reseeded before each replay with the step's dropout seed
   (model/dropout.py's `step_seed`); a replay reads the seed and an offset of 0, as a fresh generator
   seeded so would, so the masks are the eager step's bit for bit;
-- each engram table's row lookup (no host sync: `look_up_rows_`): the captured forward reads the
-  looked-up rows from a static leaf tensor instead of the table (`Engram.captured_rows`), and after
-  the replay the table's sparse gradient is built from that leaf's gradient exactly as
-  `nn.Embedding(sparse=True)`'s backward builds it (row indices, one gradient row per lookup,
-  uncoalesced); the tables' row-wise optimizer needs
-  data-dependent sizes, which a graph cannot hold;
+- each engram table's row lookup (no host sync: `table_rows`; hashed while the GPU runs the step
+  before: `prefetch`): the captured forward reads the looked-up rows from a static leaf tensor instead
+  of the table (`Engram.captured_rows`), and after the replay the table's sparse gradient is built from
+  that leaf's gradient exactly as `nn.Embedding(sparse=True)`'s backward builds it (row indices, one
+  gradient row per lookup, uncoalesced); the tables' row-wise optimizer needs data-dependent sizes,
+  which a graph cannot hold;
 - the update: the clip's dense part and NesterovSinkhorn's step are a second graph of their own
   (train/graphed_update.py); the engram tables' clip, AdamW and SparseRowAdam stay eager.
 Python side effects of the forward (the kernel-path counters, the fallback ledger's counts) run once,
@@ -76,16 +76,23 @@ class CountDelta:
             ledger.COUNTS[name] += n
 
 
-def look_up_rows_(model: DormouseLM, x: torch.Tensor, rows: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+def table_rows(model: DormouseLM, x: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each memory's table rows for the bytes x ({insertion layer: [B, T, arms]}). x is the trainer's
+    batch, bytes by construction (the sampler's uint8 windows): the keys skip the range check, whose host
+    sync before each replay made the host wait for the previous update to finish before it could queue
+    the step (session 19: 3-4 ms of idle device a step at B 64)."""
+    return {j: global_rows(m.keys(x, bytes_checked=True), m.rows) for j, m in model.memories()}
+
+
+def look_up_rows_(
+    model: DormouseLM, x: torch.Tensor, rows: dict[int, torch.Tensor], looked_up: dict[int, torch.Tensor] | None = None
+) -> dict[int, torch.Tensor]:
     """Each memory's table rows for the bytes x, copied into `rows` ({insertion layer: [B, T, arms, dim]},
-    what `Engram.captured_rows` hands the forward); returns the row indices ({layer: [B, T, arms]}).
-    x is the trainer's batch, bytes by construction (the sampler's uint8 windows): the keys skip the
-    range check, whose host sync here made the host wait for the previous update to finish before it
-    could queue this step (session 19: 3-4 ms of idle device a step at B 64)."""
-    looked_up = {}
+    what `Engram.captured_rows` hands the forward); returns the row indices ({layer: [B, T, arms]}):
+    `looked_up` when given (`table_rows(model, x)`, hashed ahead: GraphedStep.prefetch), else hashed here."""
     with torch.no_grad():
+        looked_up = table_rows(model, x) if looked_up is None else looked_up
         for j, m in model.memories():
-            looked_up[j] = global_rows(m.keys(x, bytes_checked=True), m.rows)
             rows[j].copy_(m.table(looked_up[j]))
     return looked_up
 
@@ -130,6 +137,7 @@ class GraphedStep:
         self.rows: dict[int, torch.Tensor] = {}  # insertion layer -> [B, T, arms, dim] leaf the graphs read
         self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}  # the first graph's: what the update reads
         self.replays = 0
+        self.next_rows: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None  # (a later batch, its rows)
 
     def __call__(
         self,
@@ -165,6 +173,12 @@ class GraphedStep:
         set_table_grads_(self.model, self.rows, looked_up)
         return c.out
 
+    def prefetch(self, x: torch.Tensor) -> None:
+        """Hash a later step's batch x into its table rows now, while the GPU runs this step (the keys read
+        the bytes only); that step's look-up then only gathers the rows (~0.2 ms of idle device a step at
+        B 64 on the H200: the hash is ~10 small kernels launched one by one)."""
+        self.next_rows = (x, table_rows(self.model, x))
+
     def _make_static(self, x, y, jepa_starts) -> None:
         """The graphs' inputs, shaped by the first batch: the batch, JEPA's starts, each memory's rows."""
         starts = None if jepa_starts is None else jepa_starts.clone()
@@ -186,7 +200,8 @@ class GraphedStep:
         self.static["y"].copy_(y)
         if jepa_starts is not None:
             self.static["jepa_starts"].copy_(jepa_starts)
-        return look_up_rows_(self.model, x, self.rows)
+        ahead = self.next_rows[1] if self.next_rows is not None and self.next_rows[0] is x else None
+        return look_up_rows_(self.model, x, self.rows, ahead)
 
     def _capture(self, depth: int) -> _Capture:
         """Warm up and capture the step at `depth` on the batch in the static inputs."""

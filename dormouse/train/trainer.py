@@ -54,7 +54,7 @@ from dormouse.train.parallel import (
 )
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
-from dormouse.train.sparse import clip_grad_norm_
+from dormouse.train.sparse import clip_grad_norm_, split_grads_
 from dormouse.train.stress import StressMonitor
 
 
@@ -259,8 +259,13 @@ class Trainer:
                 out.loss.backward()
         with record_function("dormouse.prefetch"):  # while the GPU runs this step; a pure function of (seed, step)
             self.next_batch = (step + 1, self._read_batch(step + 1))
+            if self.graphed is not None:
+                self.graphed.prefetch(self.next_batch[1][0])
         with record_function("dormouse.update"):
             if self.graphed_update is not None:  # the clip and NesterovSinkhorn's step replayed (graphed_update.py)
+                # The tables' gradients coalesced first (the update's first act): its wait for the replay is
+                # the check's, and the check's round trip runs under the coalesce's kernels.
+                split_grads_(self.model.parameters())
                 with record_function("dormouse.check"):
                     values = self._checked_values(step, terms)
                 self.grad_norm = self.graphed_update(max_norm)
