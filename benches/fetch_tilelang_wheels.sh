@@ -3,7 +3,7 @@
 # for an A/B of fla's TileLang `chunk_kda_bwd_kernel_wy_dqkg_fused` against its Triton one
 # (docs/performance.md, Next). They weigh ~83 MB, more than one device call carries beside the tree
 # (64 MiB in all, the tree ~21 MB), so they are tarred and split into folders .tl-carry/aa, ab, ...
-# of 34 MB each, one carried per call to a warm machine (benches/sessions/next-h200-tilelang.sh).
+# of 34 MB each, one carried per call to a warm machine (benches/sessions/2026-12-04-s19-call3.sh).
 # Run from the project root; .tl-carry/ is ignored.
 set -euo pipefail
 dl=$(mktemp -d)

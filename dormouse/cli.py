@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="after the timed steps, N more under torch.profiler; its op tables go in the log, on CUDA after "
-        "a device-busy line and an idle line (what the host ran while the device waited) (default 0)",
+        "a device-busy line, an idle line (what the host ran while the device waited) and the longest idle "
+        "gaps with the step's phase the host was in (default 0)",
     )
     p.add_argument(
         "--op",
