@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import fla_kernels, fused_or_plain, kda, norm, projections, short_conv
+from dormouse.model import fla_kernels, fused_or_plain, kda, norm, projections, short_conv, swiglu
 from dormouse.model.model import DormouseLM
 
 
@@ -132,16 +132,9 @@ def fla_standins(mode: Inventory):
         forward = staticmethod(_opaque(mode, lambda x, weight, dilation=1: torch.zeros(x.shape, dtype=x.dtype)))
         backward = staticmethod(_opaque(mode, lambda x, weight, dy, dx, dilation=1: torch.zeros_like(weight)))
 
-    class Launch:  # a Triton kernel `kernel[grid](**args)` writing its preallocated outputs: nothing here
-        def __getitem__(self, grid):
-            return lambda **args: None
-
-    class SwigluOps:
-        swiglu_fwd_kernel = swiglu_fwdbwd_kernel = Launch()
-
-        @staticmethod
-        def prepare_input(x):
-            return x, x.stride(-2)
+    class SwigluKernels:  # model/swiglu_kernels.py: z contiguous [N, H]; the gradients written in place
+        forward = staticmethod(_opaque(mode, lambda gate, up: torch.zeros(gate.shape, dtype=gate.dtype)))
+        backward = staticmethod(_opaque(mode, lambda gate, up, g, d_gate, d_up: None))
 
     def add_norm_backward(dy, normed, weight, rstd, dsum, x_dtype):
         return torch.zeros(normed.shape, dtype=x_dtype), torch.zeros_like(normed), torch.zeros_like(weight)
@@ -162,11 +155,10 @@ def fla_standins(mode: Inventory):
         "rms_norm": lambda: (_opaque(mode, rms_norm), ""),
         "rms_norm_gated": lambda: (_opaque(mode, rms_norm_gated), ""),
         "layer_norm_ops": lambda: (norm_ops, ""),
-        "swiglu": lambda: (SwigluOps, ""),
     }
     saved = {name: getattr(fla_kernels, name) for name in accessors}
     saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
-    saved_add_norm = norm.add_norm_kernels
+    saved_add_norm, saved_swiglu = norm.add_norm_kernels, swiglu.fused_kernels
     saved_matmul = projections.bf16_matmul, projections._mm_fp32
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
@@ -174,6 +166,7 @@ def fla_standins(mode: Inventory):
     kda.resolve_kda_backend = lambda requested, device: "fla"
     short_conv.fused_kernels = lambda: (ConvKernels, "")
     norm.add_norm_kernels = lambda: (AddNormKernels, "")
+    swiglu.fused_kernels = lambda: (SwigluKernels, "")
     projections.bf16_matmul, projections._mm_fp32 = lambda x: True, mm_fp32  # the CUDA bf16 matmul path
     try:
         yield
@@ -182,7 +175,7 @@ def fla_standins(mode: Inventory):
             setattr(fla_kernels, name, accessor)
         fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
         short_conv.fused_kernels = saved_conv
-        norm.add_norm_kernels = saved_add_norm
+        norm.add_norm_kernels, swiglu.fused_kernels = saved_add_norm, saved_swiglu
         projections.bf16_matmul, projections._mm_fp32 = saved_matmul
 
 

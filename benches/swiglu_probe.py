@@ -1,11 +1,13 @@
-"""Probe: SwiGLU over the packed gate-up projection by 2-D tiled kernels, against fla's kernels as the model
-runs them (model/swiglu.py), at the `small` B 64 shape. Measures; changes nothing.
+"""Probe: SwiGLU over the packed gate-up projection by dormouse's 2-D tiled kernels (model/swiglu_kernels.py,
+a sweep of tiles) against fla's kernels, which the model ran until session 19, at the `small` B 64 shape.
+Measures; changes nothing.
 
 Why: fla's kernels walk the tensor as one flat index (row = i // D, column = i % D), so the compiler cannot
 prove a block's elements contiguous; at [32768, 1536] bf16 halves of a [32768, 3072] projection they move
 ~2.9 TB/s forward (102 us) and ~2.8 backward (176 us) where the card copies at 4.2 (session 19's
 profiles: 8 calls of each a step). Tiles of rows × columns keep each row's columns contiguous. The
-arithmetic is fla's, term for term, so the outputs can be its bits.
+arithmetic is fla's, term for term, so the outputs are its bits (checked per tile). Session 19's call 9
+ran it with these kernels written inline (at 22b462f); the model's tile was the fastest.
 
     python benches/swiglu_probe.py [--rows 32768 --hidden 1536]
 """
@@ -15,48 +17,19 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 
-from dormouse.model import fla_kernels
+from dormouse.model import fla_kernels, swiglu_kernels
 
 COPY_TBPS = 4.2
 
 
-@triton.jit
-def _fwd(h, z, N, H: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
-    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    m = (rows < N)[:, None] & (cols < H)[None, :]
-    p = h + rows[:, None] * (2 * H) + cols[None, :]
-    b_x = tl.load(p, mask=m, other=0.0).to(tl.float32)
-    b_y = tl.load(p + H, mask=m, other=0.0).to(tl.float32)
-    b_z = b_x * tl.sigmoid(b_x) * b_y
-    tl.store(z + rows[:, None] * H + cols[None, :], b_z.to(z.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _bwd(h, g, dh, N, H: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
-    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    m = (rows < N)[:, None] & (cols < H)[None, :]
-    p = h + rows[:, None] * (2 * H) + cols[None, :]
-    b_x = tl.load(p, mask=m, other=0.0).to(tl.float32)
-    b_y = tl.load(p + H, mask=m, other=0.0).to(tl.float32)
-    b_g = tl.load(g + rows[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    b_s = tl.sigmoid(b_x)
-    b_xs = b_x * b_s
-    b_dx = b_g * b_s * (1.0 + b_x * (1.0 - b_s)) * b_y
-    b_dy = b_g * b_xs
-    q = dh + rows[:, None] * (2 * H) + cols[None, :]
-    tl.store(q, b_dx.to(dh.dtype.element_ty), mask=m)
-    tl.store(q + H, b_dy.to(dh.dtype.element_ty), mask=m)
-
-
 def forward(h, blocks):
+    """model/swiglu_kernels.py's forward kernel on the packed h [N, 2H] with the tile `blocks`."""
     N, H = h.shape[0], h.shape[1] // 2
     BR, BH, warps = blocks
     z = torch.empty(N, H, dtype=h.dtype, device=h.device)
-    _fwd[(triton.cdiv(N, BR), triton.cdiv(H, BH))](h, z, N, H=H, BR=BR, BH=BH, num_warps=warps)
+    grid = (triton.cdiv(N, BR), triton.cdiv(H, BH))
+    swiglu_kernels._fwd_kernel[grid](h, h[:, H:], z, N, 2 * H, 2 * H, H=H, BR=BR, BH=BH, num_warps=warps)
     return z
 
 
@@ -64,7 +37,10 @@ def backward(h, g, blocks):
     N, H = h.shape[0], h.shape[1] // 2
     BR, BH, warps = blocks
     dh = torch.empty_like(h)
-    _bwd[(triton.cdiv(N, BR), triton.cdiv(H, BH))](h, g, dh, N, H=H, BR=BR, BH=BH, num_warps=warps)
+    grid = (triton.cdiv(N, BR), triton.cdiv(H, BH))
+    swiglu_kernels._bwd_kernel[grid](
+        h, h[:, H:], g, dh, dh[:, H:], N, 2 * H, 2 * H, H, 2 * H, 2 * H, H=H, BR=BR, BH=BH, num_warps=warps
+    )
     return dh
 
 

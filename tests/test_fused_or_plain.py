@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dormouse import ledger
-from dormouse.model import fla_kernels, short_conv
+from dormouse.model import fla_kernels, short_conv, swiglu
 from dormouse.model.norm import resolve_norm_backend
 from dormouse.model.short_conv import resolve_conv_backend
 from dormouse.model.swiglu import resolve_swiglu_backend
@@ -14,7 +14,7 @@ from dormouse.model.swiglu import resolve_swiglu_backend
 OPS = [  # (resolve, (the module, the name) of its kernels' accessor, flag, ledger site)
     (resolve_norm_backend, (fla_kernels, "rms_norm"), "--norm-backend", "norm.fused_unavailable"),
     (resolve_conv_backend, (short_conv, "fused_kernels"), "--conv-backend", "conv.fused_unavailable"),
-    (resolve_swiglu_backend, (fla_kernels, "swiglu"), "--swiglu-backend", "swiglu.fused_unavailable"),
+    (resolve_swiglu_backend, (swiglu, "fused_kernels"), "--swiglu-backend", "swiglu.fused_unavailable"),
 ]
 IDS = ["norm", "conv", "swiglu"]
 

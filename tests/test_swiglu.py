@@ -1,17 +1,15 @@
 """The FFN's SwiGLU activation on the CPU: the plain path against float64 by hand, the fused path's wiring
-(which halves of the packed projection it reads, where it writes their gradients) with a stand-in for fla's
-kernels that follows their addressing (`row·stride + col`), and the backend policy.
+(which halves of the packed projection it reads, where it writes their gradients) with a stand-in for the
+kernels (model/swiglu_kernels.py) that follows their contract, and the backend policy.
 
 The fused kernels' own numbers on CUDA are tests/gpu/test_swiglu_fused.py.
 """
-
-import types
 
 import pytest
 import torch
 
 from dormouse import config, counters, ledger
-from dormouse.model import fla_kernels, swiglu
+from dormouse.model import swiglu
 from dormouse.model.ffn import SwiGLU, set_swiglu_backend
 from dormouse.model.model import DormouseLM
 
@@ -21,53 +19,33 @@ def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return g / (1 + torch.exp(-g)) * u
 
 
-class StandInKernel:
-    """fla's Triton kernel launch `kernel[grid](**args)`, in torch: each pointer argument read or written as
-    rows of D at its row stride (`T` elements in all), the maths in fp32, one rounding to the output's dtype."""
+class StandInKernels:
+    """model/swiglu_kernels.py's contract in torch: [N, H] operands with unit column stride (row strides
+    as given), the maths in fp32, one rounding to the output's dtype; `backward` writes into d_gate, d_up."""
 
-    def __init__(self, body):
-        self.body, self.launches = body, []
+    calls = []
 
-    def __getitem__(self, grid):
-        def launch(**a):
-            self.launches.append({k: v for k, v in a.items() if not isinstance(v, torch.Tensor)})
-            rows = a["T"] // a["D"]
+    @classmethod
+    def forward(cls, gate, up):
+        cls.calls.append(("forward", tuple(gate.shape), gate.stride(), up.stride()))
+        x, y = gate.float(), up.float()
+        return (x * torch.sigmoid(x) * y).to(gate.dtype)
 
-            def view(name):
-                return a[name].as_strided((rows, a["D"]), (a[f"stride_{name}_row"], 1))
-
-            self.body(view, a)
-
-        return launch
-
-
-def fwd_body(view, a):
-    x, y = view("x").float(), view("y").float()
-    view("z").copy_(x * torch.sigmoid(x) * y)
-
-
-def fwdbwd_body(view, a):
-    x, y, g = view("x").float(), view("y").float(), view("g").float()
-    s = torch.sigmoid(x)
-    view("dx").copy_(g * s * (1 + x * (1 - s)) * y)
-    view("dy").copy_(g * x * s)
-    assert a["z"] is None
-
-
-def prepare_input(x):  # fla's, for the layouts these tests make: inner-contiguous rows of one stride
-    return x, x.stride(-2)
+    @classmethod
+    def backward(cls, gate, up, g, d_gate, d_up):
+        cls.calls.append(("backward", tuple(gate.shape), d_gate.stride(), d_up.stride()))
+        x, y, g = gate.float(), up.float(), g.float()
+        s = torch.sigmoid(x)
+        d_gate.copy_(g * s * (1 + x * (1 - s)) * y)
+        d_up.copy_(g * x * s)
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    ops = types.SimpleNamespace(
-        swiglu_fwd_kernel=StandInKernel(fwd_body),
-        swiglu_fwdbwd_kernel=StandInKernel(fwdbwd_body),
-        prepare_input=prepare_input,
-    )
-    monkeypatch.setattr(fla_kernels, "swiglu", lambda: (ops, ""))
+    StandInKernels.calls = []
+    monkeypatch.setattr(swiglu, "fused_kernels", lambda: (StandInKernels, ""))
     monkeypatch.setattr(swiglu, "resolve_swiglu_backend", lambda requested, device: "fused")
-    return ops
+    return StandInKernels.calls
 
 
 def make_ffn(seed=0, d=6, hidden=5) -> SwiGLU:
@@ -91,11 +69,10 @@ def test_fused_packed_reads_the_halves_and_writes_one_gradient(stand_in):
     h_ref = h.detach().clone().requires_grad_()
     ref = reference(h_ref[..., :5], h_ref[..., 5:])
     (dh_ref,) = torch.autograd.grad(ref, h_ref, g)
-    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-7)  # the stand-in computes in fp32, as fla's kernel
+    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-7)  # the stand-in computes in fp32, as the kernels
     assert torch.allclose(dh, dh_ref, rtol=1e-5, atol=1e-6)
-    fwd, bwd = stand_in.swiglu_fwd_kernel.launches, stand_in.swiglu_fwdbwd_kernel.launches
-    assert fwd == [{"stride_x_row": 10, "stride_y_row": 10, "stride_z_row": 5, "T": 30, "D": 5}]
-    assert bwd[0]["stride_dx_row"] == bwd[0]["stride_dy_row"] == 10 and bwd[0]["T"] == 30
+    # the halves as [6, 5] rows of the packed tensor's stride, the gradient's halves views of one tensor
+    assert stand_in == [("forward", (6, 5), (10, 1), (10, 1)), ("backward", (6, 5), (10, 1), (10, 1))]
 
 
 def test_the_module_fused_equals_plain_and_counts(stand_in, monkeypatch):
@@ -107,7 +84,7 @@ def test_the_module_fused_equals_plain_and_counts(stand_in, monkeypatch):
     y_fused, _ = fused(x)
     y_fused.sum().backward()
     with torch.no_grad():
-        y_eval, _ = fused(x)  # no autograd: the two projections apart, fla's forward kernel on the pair
+        y_eval, _ = fused(x)  # no autograd: the two projections apart, the forward kernel on the pair
     monkeypatch.setattr(swiglu, "resolve_swiglu_backend", lambda requested, device: requested)
     y_plain, _ = plain(x)
     y_plain.sum().backward()

@@ -210,7 +210,8 @@ def causal_conv1d() -> tuple[Callable | None, str]:
 @functools.cache
 def swiglu() -> tuple[object | None, str]:
     """fla's activation kernels module (`swiglu_fwd_kernel`, `swiglu_fwdbwd_kernel`, `prepare_input`), or None
-    and why not. dormouse launches the kernels itself (model/swiglu.py), behind torch.compiler.disable."""
+    and why not. The model runs dormouse's own SwiGLU kernels (model/swiglu_kernels.py, the same bits);
+    benches/swiglu_probe.py times these beside them."""
     return _import("fla.modules.activations.ops", "")
 
 

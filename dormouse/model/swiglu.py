@@ -1,15 +1,17 @@
 """The SwiGLU activation `silu(gate) * up`, the FFN's elementwise middle.
 
-Two paths compute the same function: `plain` (torch's silu and mul, any device) and `fused` (fla's
-Triton SwiGLU kernels, CUDA only). Under bf16 autocast the plain path rounds the SiLU to bf16 before
-the product and runs three elementwise kernels forward and three backward over [B, T, hidden]; on the
-H200 they were 5.1 ms of `small`'s 54 ms step at batch 64 (docs/performance.md). fla's kernels compute
-`silu(gate) * up` and both gradients in fp32 in one pass each and round once.
+Two paths compute the same function: `plain` (torch's silu and mul, any device) and `fused`
+(dormouse's Triton kernels, model/swiglu_kernels.py: CUDA only). Under bf16 autocast the plain path
+rounds the SiLU to bf16 before the product and runs three elementwise kernels forward and three
+backward over [B, T, hidden]; on the H200 they were 5.1 ms of `small`'s 54 ms step at batch 64
+(docs/performance.md). The fused kernels compute `silu(gate) * up` and both gradients in fp32 in one
+pass each and round once (fla's SwiGLU kernels' arithmetic and bits, which the path ran until session
+19, at ~1.45x their speed).
 
 When autograd records, the fused path takes the gate and up projections as the two halves of one
 matmul's output `h` [..., 2·hidden] and writes their gradients into one [..., 2·hidden] tensor, so
 the projection's backward needs no `cat` of two gradients. Without autograd (evals, decoding) it runs
-fla's forward kernel on the two separate projections.
+the forward kernel on the two separate projections.
 
 `resolve_swiglu_backend` applies `fused_or_plain`'s policy (auto: fused on CUDA, plain elsewhere); the
 model sets the configured name on every SwiGLU (`ffn.set_swiglu_backend`), and every call is counted in
@@ -20,16 +22,21 @@ import torch
 import torch.nn.functional as F
 
 from dormouse import counters, ledger
-from dormouse.model import fla_kernels, fused_or_plain
+from dormouse.model import fused_or_plain
 
 SWIGLU_BACKENDS = fused_or_plain.CHOICES
 FUSED_UNAVAILABLE = ledger.register(
     "swiglu.fused_unavailable",
     ledger.Kind.LOUD,
-    "fused SwiGLU asked for (or auto on CUDA), but fla's SwiGLU kernels are not importable or the tensors "
-    "are not on CUDA",
+    "fused SwiGLU asked for (or auto on CUDA), but dormouse's Triton SwiGLU kernels are not importable or the "
+    "tensors are not on CUDA",
     __name__,
 )
+
+
+def fused_kernels() -> tuple[object | None, str]:
+    """dormouse's Triton SwiGLU kernels (model/swiglu_kernels.py), or None and why not."""
+    return fused_or_plain.own_kernels("dormouse.model.swiglu_kernels")
 
 
 def resolve_swiglu_backend(requested: str, device: torch.device | str) -> str:
@@ -39,8 +46,8 @@ def resolve_swiglu_backend(requested: str, device: torch.device | str) -> str:
         device,
         flag="--swiglu-backend",
         site=FUSED_UNAVAILABLE,
-        kernel=fla_kernels.swiglu,  # looked up per call: the tests stand in for it
-        needs="fla-core 0.6.0 (fla.modules.activations.ops)",
+        kernel=fused_kernels,  # looked up per call: the tests stand in for it
+        needs="Triton (for dormouse/model/swiglu_kernels.py)",
     )
 
 
@@ -55,7 +62,7 @@ def plain(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-@torch.compiler.disable  # fla's Triton launches, called eagerly under torch.compile (fla_kernels._opaque)
+@torch.compiler.disable  # Triton launches, called eagerly under torch.compile (as fla_kernels._opaque)
 def fused_packed(h: torch.Tensor) -> torch.Tensor:
     """`silu(h[..., :H]) * h[..., H:]` for `h` [..., 2H], with its gradient into one [..., 2H] tensor."""
     return _PackedSwiGLU.apply(h)
@@ -63,28 +70,21 @@ def fused_packed(h: torch.Tensor) -> torch.Tensor:
 
 @torch.compiler.disable
 def fused_pair(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """`silu(gate) * up` by fla's forward kernel, no gradient (evals and decoding)."""
+    """`silu(gate) * up` by the forward kernel, no gradient (evals and decoding)."""
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         raise RuntimeError("fused_pair has no backward: under autograd use fused_packed on the packed projection")
     return _forward(gate, up)
 
 
-def _ops():
-    """fla's activation module (its kernels address `row·stride + col`; `prepare_input` gives a tensor and
-    that row stride, copying only a layout whose leading dims do not flatten into one stride)."""
-    return fla_kernels.swiglu()[0]
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., H] as [N, H] rows with unit column stride: a view where the leading dims flatten into one
+    stride (the projection's halves do), else a copy."""
+    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.contiguous().view(-1, x.shape[-1])
 
 
 def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    ops = _ops()
-    gate, gate_stride = ops.prepare_input(gate)
-    up, up_stride = ops.prepare_input(up)
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    n, d = gate.numel(), gate.shape[-1]
-    ops.swiglu_fwd_kernel[lambda meta: (-(-n // meta["B"]),)](
-        x=gate, y=up, z=out, stride_x_row=gate_stride, stride_y_row=up_stride, stride_z_row=d, T=n, D=d
-    )
-    return out
+    kernels, _ = fused_kernels()
+    return kernels.forward(_rows(gate), _rows(up)).view(gate.shape)
 
 
 class _PackedSwiGLU(torch.autograd.Function):
@@ -97,28 +97,9 @@ class _PackedSwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (h,) = ctx.saved_tensors
-        ops = _ops()
-        gate, up = h.chunk(2, dim=-1)
-        gate, gate_stride = ops.prepare_input(gate)
-        up, up_stride = ops.prepare_input(up)
-        grad, grad_stride = ops.prepare_input(grad)
+        kernels, _ = fused_kernels()
+        gate, up = (_rows(half) for half in h.chunk(2, dim=-1))
         dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        d_gate, d_up = dh.chunk(2, dim=-1)  # views: the kernel writes both halves of one tensor
-        n, d = gate.numel(), gate.shape[-1]
-        ops.swiglu_fwdbwd_kernel[lambda meta: (-(-n // meta["B"]),)](
-            x=gate,
-            y=up,
-            g=grad,
-            dx=d_gate,
-            dy=d_up,
-            z=None,
-            stride_x_row=gate_stride,
-            stride_y_row=up_stride,
-            stride_g_row=grad_stride,
-            stride_dx_row=2 * d,
-            stride_dy_row=2 * d,
-            stride_z_row=0,
-            T=n,
-            D=d,
-        )
+        d_gate, d_up = (half.view(-1, half.shape[-1]) for half in dh.chunk(2, dim=-1))  # both halves of dh
+        kernels.backward(gate, up, _rows(grad), d_gate, d_up)
         return dh

@@ -162,7 +162,7 @@ class Trainer:
         conv = (
             {"fused": "fused (dormouse Triton)", "plain": "plain (torch conv1d)"}[m.conv_backend] if has_conv else "off"
         )
-        glu = {"fused": "fused (fla swiglu)", "plain": "plain (torch silu, mul)"}[m.swiglu_backend]
+        glu = {"fused": "fused (dormouse Triton)", "plain": "plain (torch silu, mul)"}[m.swiglu_backend]
         self.log(f"kernels: kda={backend} norm={norm} conv={conv} swiglu={glu}")
         if m.attention_layers:  # a hybrid block
             self.log("mixers of the block layers: " + ", ".join(f"{i}:{k}" for i, k in enumerate(layer_mixers(m))))

@@ -1,5 +1,5 @@
-"""fla's SwiGLU kernels as dormouse launches them (model/swiglu.py) against float64 on CUDA; skipped without
-CUDA/fla.
+"""dormouse's SwiGLU kernels (model/swiglu_kernels.py, through model/swiglu.py) against float64 on CUDA, and
+against fla's kernels, which the fused path ran until session 19, bit for bit; skipped without CUDA/Triton.
 
 The kernels compute `silu(gate) * up` and both gradients in fp32 from the inputs and round once to the
 inputs' dtype: against the float64 function of the same (rounded) inputs, max|d|/max|ref| within 1e-6 in
@@ -13,15 +13,16 @@ import torch
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-# fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import.
-from dormouse.model import fla_kernels  # noqa: E402
+from dormouse.model import swiglu  # noqa: E402
 
-if fla_kernels.swiglu()[0] is None:
-    pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.swiglu()[1]}", allow_module_level=True)
+if swiglu.fused_kernels()[0] is None:
+    pytest.skip(f"needs Triton (extra `gpu`): {swiglu.fused_kernels()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
-from dormouse.model import swiglu  # noqa: E402
+
+# fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import.
+from dormouse.model import fla_kernels  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 
 TOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8}
@@ -58,6 +59,34 @@ def test_fused_packed_against_float64(dtype, shape):
         plain = swiglu.plain(*hp.chunk(2, dim=-1))
         (dh_plain,) = torch.autograd.grad(plain, hp, g)
         assert rel(out, ref_out) <= rel(plain, ref_out) and rel(dh, ref_dh) <= rel(dh_plain, ref_dh)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(64, 512, 3072), (3, 5, 192)], ids=["small-b64", "ragged"])
+def test_the_kernels_give_fla_s_bits(dtype, shape):
+    # The fused path ran fla's SwiGLU kernels until session 19: the same arithmetic, term for term.
+    ops, why = fla_kernels.swiglu()
+    if ops is None:
+        pytest.skip(f"needs fla-core: {why}")
+    gen = rng.generator(0, 2, "test")
+    h = (2 * torch.randn(*shape, generator=gen)).to(dtype).cuda()
+    g = torch.randn(*shape[:-1], shape[-1] // 2, generator=gen).to(dtype).cuda()
+    gate, up = (half.reshape(-1, shape[-1] // 2) for half in h.chunk(2, dim=-1))
+    n, d = gate.numel(), gate.shape[-1]
+    z = torch.empty(gate.shape, dtype=dtype, device="cuda")
+    ops.swiglu_fwd_kernel[lambda meta: (-(-n // meta["B"]),)](
+        x=gate, y=up, z=z, stride_x_row=gate.stride(0), stride_y_row=up.stride(0), stride_z_row=d, T=n, D=d
+    )
+    dh = torch.empty_like(h)
+    d_gate, d_up = (half.reshape(-1, d) for half in dh.chunk(2, dim=-1))
+    ops.swiglu_fwdbwd_kernel[lambda meta: (-(-n // meta["B"]),)](
+        x=gate, y=up, g=g.reshape(-1, d), dx=d_gate, dy=d_up, z=None, stride_x_row=gate.stride(0),
+        stride_y_row=up.stride(0), stride_g_row=d, stride_dx_row=2 * d, stride_dy_row=2 * d, stride_z_row=0, T=n, D=d,
+    )  # fmt: skip
+    hg = h.clone().requires_grad_()
+    out = swiglu.fused_packed(hg)
+    (dh_own,) = torch.autograd.grad(out, hg, g)
+    assert torch.equal(out.reshape(-1, d), z) and torch.equal(dh_own, dh)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
