@@ -68,7 +68,12 @@ def counted_summary() -> str:
 
 
 # Modules of Triton kernels alone: they import only where Triton is and register no site (a test reads them).
-TRITON_ONLY = ("dormouse.model.short_conv_kernels", "dormouse.model.norm_kernels", "dormouse.train.sinkhorn_kernels")
+TRITON_ONLY = (
+    "dormouse.model.short_conv_kernels",
+    "dormouse.model.norm_kernels",
+    "dormouse.model.swiglu_kernels",
+    "dormouse.train.sinkhorn_kernels",
+)
 
 
 def all_sites() -> list[Site]:
