@@ -24,3 +24,9 @@ interleaved() {
     done
   done
 }
+# `base_bench COMMIT` prints a `dormouse bench` command run from .base-tree/COMMIT (`mkdir -p
+# .base-tree/C && git archive C dormouse | tar x -C .base-tree/C`: that commit's package first on
+# sys.path), its rows and logs into this tree's; the caller's $S holds the flags, $V the data folder.
+base_bench() {
+  echo "cd .base-tree/$1 && DORMOUSE_COMMIT=$1 python3 -m dormouse bench ${S/$V/../../$V} --history ../../benches/history.tsv --log-dir ../../benches/logs"
+}
