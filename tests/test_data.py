@@ -393,9 +393,9 @@ def test_batches_are_shifted_windows_of_the_raw_bytes_across_shards(tmp_path):
 
 
 def test_a_batch_is_cut_and_widened_in_numpy_not_by_torch_ops(tmp_path):
-    # torch runs an op of >= 32768 elements on its thread pool, whose wake-up after the host's wait for
-    # the GPU cost 1-5 ms a step on the H200: the windows become int64 inputs and targets in numpy, and
-    # torch copies nothing (it draws the offsets).
+    # torch's copies of the batch sat in 1.4-5.9 ms idle gaps a step on the H200 (most likely its thread
+    # pool, which takes ops of >= 32768 elements, waking after the host's wait for the GPU): the windows
+    # become int64 inputs and targets in numpy, and torch copies nothing (it draws the offsets).
     sampler = Sampler(tail_corpus(tmp_path, random_bytes(4000), 0.25, shard_bytes=37), batch_size=8, seq_len=16)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         sampler.batch(seed=3, step=5)

@@ -62,8 +62,9 @@ class Sampler:
         windows = np.empty((len(rows), self.seq_len + 1), np.uint8)
         for row, offset in enumerate(self.offsets(seed, step, split)[rows.start : rows.stop].tolist()):
             windows[row] = self.corpus.read(split, offset, self.seq_len + 1)
-        # In numpy: torch hands an op of >= 32768 elements to its thread pool, whose wake-up after the
-        # host's wait for the GPU took 1-5 ms a step on the H200 (session 19, bench's idle gaps line).
+        # In numpy: torch's copies here sat in 1.4-5.9 ms idle gaps a step on the H200 (session 19, bench's
+        # idle gaps line), most likely its thread pool (ops of >= 32768 elements) waking after the host's
+        # wait for the GPU; not measured apart.
         inputs = torch.from_numpy(windows[:, :-1].astype(np.int64))
         targets = torch.from_numpy(windows[:, 1:].astype(np.int64))
         if self.byte_noise:
