@@ -858,8 +858,7 @@ def idle_line(
             overlap[name] += t
     per = 1e-3 / steps
     idle = sum(b - a for a, b in gaps) * per
-    ranked = sorted(((t, n) for n, t in overlap.items() if t > 0), reverse=True)[:top]
-    during = ", ".join(f"{name} {t * per:.2f}" for t, name in ranked) or "none recorded"
+    during = ", ".join(f"{name} {t * per:.2f}" for t, name in _most(overlap, top)) or "none recorded"
     return (
         f"device idle {idle:.2f} ms per step in {len(gaps) / steps:.0f} gaps of >= {min_gap_us:g} us; host events "
         f"overlapping them (ms per step): {during}"
@@ -882,6 +881,11 @@ def _overlaps(gaps: list[tuple[float, float]], host: list[tuple[str, float, floa
     return per_gap
 
 
+def _most(overlap: dict[str, float], top: int) -> list[tuple[float, str]]:
+    """The `top` host events by overlap, as (µs, name), largest first."""
+    return sorted(((t, n) for n, t in overlap.items() if t > 0), reverse=True)[:top]
+
+
 def gaps_line(spans: list[tuple[float, float]], host: list[tuple[str, float, float]], top: int = 12) -> str:
     """The `top` longest idle gaps of the profiled steps, in time order, each with its length and the
     five host events overlapping it most (µs; the trainer's phases are named ranges, `dormouse.*`):
@@ -891,8 +895,8 @@ def gaps_line(spans: list[tuple[float, float]], host: list[tuple[str, float, flo
     longest = sorted(sorted(range(len(gaps)), key=lambda i: gaps[i][0] - gaps[i][1])[:top])
     parts = []
     for i in longest:
-        names = sorted(((t, n) for n, t in per_gap[i].items() if t > 0), reverse=True)[:5]
-        parts.append(f"{gaps[i][1] - gaps[i][0]:.0f} [" + ", ".join(f"{n} {t:.0f}" for t, n in names) + "]")
+        names = ", ".join(f"{n} {t:.0f}" for t, n in _most(per_gap[i], 5))
+        parts.append(f"{gaps[i][1] - gaps[i][0]:.0f} [{names}]")
     return f"longest idle gaps in time order (us, host events overlapping most): {'; '.join(parts) or 'none'}"
 
 
