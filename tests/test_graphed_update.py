@@ -33,8 +33,8 @@ def backward(m, step):
 @pytest.mark.parametrize("max_norm", [0.05, float("inf")], ids=["clipping", "norm-only"])
 def test_graphed_update_equals_clip_and_step_bitwise(engram, max_norm):
     eager, graphed = model(engram=engram), model(engram=engram)
-    eager_opt = build_optimizers(route(eager), HYPER)
-    graphed_opt = build_optimizers(route(graphed), HYPER, capturable=True)
+    eager_opt = build_optimizers(route(eager), HYPER, fused=True)
+    graphed_opt = build_optimizers(route(graphed), HYPER, capturable=True, fused=True)
     update = GraphedUpdate(graphed, graphed_opt, capture=False)
     for step, multiplier in enumerate((0.25, 1.0, 0.6, 0.1)):
         for m, opt in ((eager, eager_opt), (graphed, graphed_opt)):
@@ -54,6 +54,46 @@ def test_graphed_update_equals_clip_and_step_bitwise(engram, max_norm):
     assert (update.sparse_norms is not None) == engram
 
 
+def optimizer_state(opt) -> list[torch.Tensor]:
+    return [v.clone() for o in opt.optimizers.values() for st in o.state.values() for v in st.values()]
+
+
+def test_a_skipped_update_leaves_every_weight_and_optimizer_state_bit_identical():
+    """The trainer queues a graphed update before its check and skips it on the device when a loss term
+    is not finite: with NaN gradients everywhere, nothing moves (the tables' rows, AdamW's step counts, the
+    momentum), and the next update is the one an eager run that never saw the bad step takes."""
+    eager, graphed = model(), model()
+    eager_opt = build_optimizers(route(eager), HYPER, fused=True)
+    graphed_opt = build_optimizers(route(graphed), HYPER, capturable=True, fused=True)
+    update = GraphedUpdate(graphed, graphed_opt, capture=False)
+    for step in range(2):  # both take two updates: every optimizer state exists
+        for m, opt in ((eager, eager_opt), (graphed, graphed_opt)):
+            opt.set_lr(0.5)
+            backward(m, step)
+        clip_grad_norm_(eager.parameters(), 0.05)
+        eager_opt.step()
+        update(0.05, skip=torch.tensor(False))
+        eager_opt.zero_grad(set_to_none=True)
+        graphed_opt.zero_grad(set_to_none=True)
+    weights, state = [p.clone() for p in graphed.parameters()], optimizer_state(graphed_opt)
+    backward(graphed, 2)
+    for p in graphed.parameters():
+        grad = p.grad.coalesce() if p.grad.is_sparse else p.grad
+        (grad.values() if grad.is_sparse else grad).fill_(float("nan"))
+        p.grad = grad
+    assert torch.isnan(update(0.05, skip=torch.tensor(True)))
+    assert all(torch.equal(a, b) for a, b in zip(weights, graphed.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(state, optimizer_state(graphed_opt), strict=True))
+    graphed_opt.zero_grad(set_to_none=True)
+    for m in (eager, graphed):
+        backward(m, 3)
+    clip_grad_norm_(eager.parameters(), 0.05)
+    eager_opt.step()
+    update(0.05, skip=torch.tensor(False))
+    for (name, a), b in zip(eager.named_parameters(), graphed.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_capturable_sinkhorn_needs_its_lr_tensors_loaded_and_a_graphed_update_needs_it():
     w = torch.nn.Parameter(torch.ones(3, 2))
     w.grad = torch.full((3, 2), 0.5)
@@ -64,6 +104,8 @@ def test_capturable_sinkhorn_needs_its_lr_tensors_loaded_and_a_graphed_update_ne
     m = model()
     with pytest.raises(ValueError, match="capturable NesterovSinkhorn"):
         GraphedUpdate(m, build_optimizers(route(m), HYPER))
+    with pytest.raises(ValueError, match="fused AdamW"):
+        GraphedUpdate(m, build_optimizers(route(m), HYPER, capturable=True, fused=False))
 
 
 def test_capturable_sinkhorn_takes_each_steps_lr():

@@ -6,6 +6,10 @@ still launches one kernel at a time: the clip's norms and NesterovSinkhorn's bat
 they launch as one.
 
 The update of a graphed step, in order:
+0. the step's skip flag (the trainer's: a non-finite loss term) copied into a static tensor that every
+   optimizer reads as `found_inf` (torch's GradScaler convention): a skipped update leaves every weight
+   and optimizer state bit-identical, decided on the device, so the trainer queues the update before its
+   check reads the loss and the GPU does not wait for the host between the two;
 1. eager: each engram table's sparse gradient coalesced and its norm taken (its size changes per step,
    which a graph cannot hold), copied into a static tensor; NesterovSinkhorn's lr and weight-decay
    factor copied into its device tensors (`load_lr_`);
@@ -38,14 +42,28 @@ class GraphedUpdate:
         matrices = opt.optimizers.get("matrices")
         if matrices is not None and not (isinstance(matrices, NesterovSinkhorn) and matrices.capturable):
             raise ValueError("a graphed update needs a capturable NesterovSinkhorn (build_optimizers(capturable=True))")
+        adamw = opt.optimizers.get("adamw")
+        if adamw is not None and not adamw.defaults["fused"]:
+            raise ValueError(
+                "a graphed update skips steps on the device, which needs fused AdamW (build_optimizers(fused=True))"
+            )
         self.matrices = matrices
         self.eager = [o for name, o in opt.optimizers.items() if name != "matrices"]
+        self.skip = torch.zeros((), device=next(model.parameters()).device)  # 1: this step's update is skipped
+        for o in opt.optimizers.values():
+            o.found_inf = self.skip
         self.graph: torch.cuda.CUDAGraph | None = None
         self.sparse_norms: torch.Tensor | None = None  # [tables]: the coalesced table gradients' norms
         self.total: torch.Tensor | None = None
         self.calls = 0
 
-    def __call__(self, max_norm: float) -> torch.Tensor:
+    def __call__(self, max_norm: float, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """`skip`: a device bool scalar; True leaves every weight and optimizer state as it was (the norm is
+        still taken). None: the update runs."""
+        if skip is None:
+            self.skip.zero_()
+        else:
+            self.skip.copy_(skip)
         dense, sparse = split_grads_(self.model.parameters())
         if sparse:
             norms = torch.stack(torch._foreach_norm([p.grad.values() for p in sparse], 2.0))

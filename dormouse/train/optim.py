@@ -125,6 +125,9 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "iters": iters, "eps": eps}
         super().__init__(params, defaults)
         self.capturable = capturable
+        # torch's GradScaler convention (fused AdamW reads it too): a device scalar, 1 skips the step on the
+        # device with every weight and buffer left bit-identical; None steps unconditionally.
+        self.found_inf: torch.Tensor | None = None
         self._lr_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # group index -> (η, 1 − ηλ)
 
     def load_lr_(self) -> None:
@@ -189,16 +192,21 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         beta, wd = group["momentum"], group["weight_decay"]
         lr, decay = self._lr_and_decay(group)
         work = torch.promote_types(params[0].dtype, torch.float32)
-        grads = [p.grad.to(work) for p in params]
+        g = torch.stack([p.grad.to(work) for p in params])
         bufs = []
-        for p, g in zip(params, grads, strict=True):
+        for p in params:
             state = self.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(g, memory_format=torch.preserve_format)
+                state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=work, memory_format=torch.preserve_format)
             bufs.append(state["momentum_buffer"])
-        torch._foreach_mul_(bufs, beta)
-        torch._foreach_add_(bufs, grads, alpha=1 - beta)
-        u = torch.stack(grads).mul_(1 - beta).add_(torch.stack(bufs), alpha=beta)
+        kept = beta
+        if self.found_inf is not None:  # a skipped step leaves W and M as they were, bit for bit
+            run = self.found_inf == 0
+            g = torch.where(run, g, 0.0)  # the skipped step's gradient may be non-finite: M must not see it
+            kept, lr, decay = torch.where(run, beta, 1.0), torch.where(run, lr, 0.0), torch.where(run, decay, 1.0)
+        torch._foreach_mul_(bufs, kept)
+        torch._foreach_add_(bufs, list(g.unbind(0)), alpha=1 - beta)
+        u = g.mul_(1 - beta).add_(torch.stack(bufs), alpha=beta)
         x = sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype).mul_(lr)
         if wd != 0:
             torch._foreach_mul_(params, decay)
@@ -208,6 +216,8 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         """`_update` for matrices sharded on their rows (FSDP2): the momentum buffers are sharded like the
         parameters and updated locally; the look-aheads are gathered whole (one all-gather of the stack),
         normalised by the same batched SR-Sinkhorn on every rank, and each rank applies its own rows."""
+        if self.found_inf is not None:
+            raise NotImplementedError("a NesterovSinkhorn step skipped on the device (found_inf) takes whole matrices")
         beta, wd = group["momentum"], group["weight_decay"]
         lr, decay = self._lr_and_decay(group)
         work = torch.promote_types(params[0].dtype, torch.float32)

@@ -246,12 +246,15 @@ def build_optimizers(
     momentum: float = 0.95,
     sinkhorn_iters: int = 5,
     capturable: bool = False,
+    fused: bool | None = None,
 ) -> Optimizers:
     """One AdamW (betas (0.9, 0.95), eps 1e-8) for the adamw groups, one NesterovSinkhorn for the matrices.
 
     `cfg` has `lr`, `weight_decay` and `sinkhorn_lr_scale`. Base lrs: `lr` for AdamW, `lr · sinkhorn_lr_scale`
     for matrices (config.py says why the scale).
     `capturable`: NesterovSinkhorn reads its lr from device tensors, for a CUDA graph (train/graphed_update.py).
+    `fused`: AdamW's fused kernel (one launch for all tensors; it can skip a step on the device, which a
+    graphed update needs); None: on CUDA only, the CPU keeping torch's default (foreach) arithmetic.
     """
     base_lr, adamw_groups, optimizers = {}, [], {}
     for g in groups:
@@ -281,7 +284,7 @@ def build_optimizers(
     if adamw_groups:
         for pg in adamw_groups:
             pg["lr"] = base_lr[pg["name"]]
-        # fused: one kernel for all tensors on CUDA; the CPU keeps torch's default (foreach) arithmetic.
-        on_cuda = all(p.is_cuda for pg in adamw_groups for p in pg["params"])
-        optimizers["adamw"] = torch.optim.AdamW(adamw_groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=on_cuda)
+        if fused is None:
+            fused = all(p.is_cuda for pg in adamw_groups for p in pg["params"])
+        optimizers["adamw"] = torch.optim.AdamW(adamw_groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
     return Optimizers(groups, dict(sorted(optimizers.items())), base_lr)

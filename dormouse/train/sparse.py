@@ -103,6 +103,9 @@ class SparseRowAdam(torch.optim.Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0}
         super().__init__(params, defaults)
         self._rows_updated: list[torch.Tensor] = []  # the last step's count per parameter, on its device
+        # torch's GradScaler convention: a device scalar, 1 skips the step on the device (no row updated,
+        # every row and moment left bit-identical); None steps unconditionally.
+        self.found_inf: torch.Tensor | None = None
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -137,6 +140,8 @@ class SparseRowAdam(torch.optim.Optimizer):
                 idx, g, keep = _touched_rows(p.grad)
                 if idx.numel() == 0:
                     continue
+                if self.found_inf is not None:
+                    keep = keep & (self.found_inf == 0)
                 state = self.state[p]
                 if not state:
                     state.update(self._init_state(p))

@@ -54,7 +54,7 @@ from dormouse.train.parallel import (
 )
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
-from dormouse.train.sparse import clip_grad_norm_, split_grads_
+from dormouse.train.sparse import clip_grad_norm_
 from dormouse.train.stress import StressMonitor
 
 
@@ -263,12 +263,12 @@ class Trainer:
                 self.graphed.prefetch(self.next_batch[1][0])
         with record_function("dormouse.update"):
             if self.graphed_update is not None:  # the clip and NesterovSinkhorn's step replayed (graphed_update.py)
-                # The tables' gradients coalesced first (the update's first act): its wait for the replay is
-                # the check's, and the check's round trip runs under the coalesce's kernels.
-                split_grads_(self.model.parameters())
+                # Queued before the check, skipped on the device if a term is not finite: the GPU runs the
+                # update while the host waits for the loss, instead of waiting for the host to launch it.
+                stacked = _stacked(terms)
+                self.grad_norm = self.graphed_update(max_norm, skip=~torch.isfinite(stacked).all())
                 with record_function("dormouse.check"):
-                    values = self._checked_values(step, terms)
-                self.grad_norm = self.graphed_update(max_norm)
+                    values = self._checked_values(step, terms, stacked)
             else:  # eager, and --cuda-graph --no-graph-update (one process: the averaging and shards are no-ops)
                 average_sparse_grads_(self.model, self.world)  # DDP averaged the dense gradients during backward
                 # The global grad norm before clipping (a tensor, no sync); `dormouse replay` compares it bitwise.
@@ -284,10 +284,14 @@ class Trainer:
         return values["ce"]
 
     @staticmethod
-    def _checked_values(step: int, terms: dict[str, torch.Tensor]) -> dict[str, float]:
-        """The step's one host sync, after the backward has been queued: every term's value at once; a
-        non-finite one stops the run before the update."""
-        values = dict(zip(terms, torch.stack([v.detach().float() for v in terms.values()]).tolist(), strict=True))
+    def _checked_values(
+        step: int, terms: dict[str, torch.Tensor], stacked: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """The step's one host sync, after the backward has been queued: every term's value at once (from
+        `stacked`, `_stacked(terms)`, if given); a non-finite one stops the run before the update (the
+        eager path runs the update after this check, the graphed one skips it on the device)."""
+        stacked = _stacked(terms) if stacked is None else stacked
+        values = dict(zip(terms, stacked.tolist(), strict=True))
         for name, value in values.items():
             if not math.isfinite(value):
                 raise NonFiniteError(f"step {step}: training {name} is {value}; stopping before the update")
@@ -438,6 +442,11 @@ class Trainer:
             keep_last=self.cfg.train.keep_last,
         )
         self.saved_step = self.step
+
+
+def _stacked(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A step's loss terms in one fp32 vector on their device (one copy to the host reads them all)."""
+    return torch.stack([v.detach().float() for v in terms.values()])
 
 
 class _DeferredInterrupt:

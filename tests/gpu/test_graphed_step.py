@@ -19,6 +19,7 @@ if fla_kernels.chunk_kda()[0] is None:
 
 from dormouse import config  # noqa: E402
 from dormouse.data.shards import load_corpus  # noqa: E402
+from dormouse.evaluation import NonFiniteError  # noqa: E402
 from dormouse.train.trainer import Trainer  # noqa: E402
 
 
@@ -101,3 +102,34 @@ def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dt
         assert graph_evals[-1]["weights"] == "ema0.9"
     # Two eager runs of one process agree too (what `dormouse replay` checks across processes).
     assert [r["ce"] for r in first[0]] == [r["ce"] for r in eager_train]
+
+
+def test_a_graphed_step_with_a_nan_loss_stops_with_every_weight_and_state_as_before(random_corpus, tmp_path):
+    """The graphed update is queued before the step's check and skipped on the device when a loss term is
+    not finite (train/graphed_update.py): the run stops at that step, and neither the weights nor any
+    optimizer state (the captured NesterovSinkhorn's momentum, fused AdamW's, the tables' rows) moved."""
+    corpus = load_corpus(random_corpus(20000, repeats=2))
+    shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
+    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "eval_every": 4, "dtype": "bf16", "cuda_graph": True}
+    cfg = config.resolve(config.build("nano", {"model": shape, "train": train}))
+    trainer = Trainer(cfg, corpus, tmp_path / "run", corpus_note="test corpus")
+    trainer.run_loop(until_step=3)  # the update's graph is captured at the second step, replayed at the third
+    assert trainer.graphed_update.graph is not None
+    with torch.no_grad():
+        trainer.model.final_norm.weight[0] = float("nan")  # in place: the captured forward reads it
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    state = [v.clone() for o in trainer.opt.optimizers.values() for s in o.state.values() for v in s.values()]
+    with pytest.raises(NonFiniteError, match="step 3: training loss is nan"):
+        trainer.run_loop()
+    after = trainer.model.state_dict()
+    assert all(
+        torch.equal(
+            weights[k],
+            after[k],
+        )
+        for k in weights
+        if k != "final_norm.weight"
+    )
+    assert torch.equal(weights["final_norm.weight"].nan_to_num(), after["final_norm.weight"].nan_to_num())
+    moved = [v for o in trainer.opt.optimizers.values() for s in o.state.values() for v in s.values()]
+    assert len(moved) == len(state) and all(torch.equal(a, b) for a, b in zip(state, moved, strict=True))
