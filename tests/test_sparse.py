@@ -8,7 +8,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from dormouse import rng
-from dormouse.train.sparse import SparseRowAdam, clip_grad_norm_
+from dormouse.train.sparse import RowPlan, SparseRowAdam, clip_grad_norm_
 
 F64 = torch.float64
 LR, B1, B2, EPS = 0.1, 0.9, 0.95, 1e-8
@@ -243,3 +243,22 @@ def test_the_step_leaves_deterministic_mode_as_it_found_it():
             ) == mode
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_a_row_plan_coalesces_as_the_lookups_sum_one_by_one_from_zero():
+    # Rows 3, 1, 3, 0, 1, 3: distinct rows 0, 1, 3; row 3's sum is ((0 + v0) + v2) + v5 in fp32, in the
+    # lookups' order (the order torch's CUDA coalesce adds them in: tests/gpu/test_row_plan.py).
+    rows = torch.tensor([[3, 1, 3], [0, 1, 3]])
+    vals = randn(6, 4, seed=3, dtype=torch.float32) * torch.tensor([1.0, 1e4, 1e-4, 1.0])  # rounding matters
+    plan = RowPlan(rows)
+    assert plan.count == 3
+    grad = plan.coalesce(vals, 5)
+    assert grad.is_coalesced() and grad.shape == (5, 4)
+    assert grad.indices().tolist() == [[0, 1, 3]]
+    want = torch.zeros(3, 4)
+    for i, r in enumerate([3, 1, 3, 0, 1, 3]):
+        k = {0: 0, 1: 1, 3: 2}[r]
+        want[k] = want[k] + vals[i]
+    assert torch.equal(grad.values(), want)
+    exact = torch.zeros(5, 4, dtype=F64).index_add_(0, rows.reshape(-1), vals.double())
+    torch.testing.assert_close(grad.to_dense().double(), exact, rtol=1e-6, atol=0)

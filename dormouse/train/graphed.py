@@ -19,9 +19,9 @@ What stays eager, around each replay:
 - each engram table's row lookup (no host sync: `table_rows`; hashed while the GPU runs the step
   before: `prefetch`): the captured forward reads the looked-up rows from a static leaf tensor instead
   of the table (`Engram.captured_rows`), and after the replay the table's sparse gradient is built from
-  that leaf's gradient exactly as `nn.Embedding(sparse=True)`'s backward builds it (row indices, one
-  gradient row per lookup, uncoalesced); the tables' row-wise optimizer needs data-dependent sizes,
-  which a graph cannot hold;
+  that leaf's gradient as `nn.Embedding(sparse=True)`'s backward builds it (one gradient row per
+  lookup), coalesced by a plan made with the hash (sparse.py's RowPlan: no host sync); the tables'
+  row-wise optimizer needs data-dependent sizes, which a graph cannot hold;
 - the update: the clip's dense part and NesterovSinkhorn's step are a second graph of their own
   (train/graphed_update.py); the engram tables' clip, AdamW and SparseRowAdam stay eager.
 Python side effects of the forward (the kernel-path counters, the fallback ledger's counts) run once,
@@ -40,6 +40,7 @@ from torch.profiler import record_function
 from dormouse import counters, ledger
 from dormouse.model.engram import global_rows
 from dormouse.model.model import DormouseLM, Output
+from dormouse.train.sparse import RowPlan
 
 WARMUP_RUNS = 3  # PyTorch's recipe for whole-network capture warms up on a side stream this many times
 
@@ -97,15 +98,16 @@ def look_up_rows_(
     return looked_up
 
 
-def set_table_grads_(model: DormouseLM, rows: dict[int, torch.Tensor], looked_up: dict[int, torch.Tensor]) -> None:
-    """Each table's gradient from its looked-up rows' gradient, as nn.Embedding(sparse=True)'s backward
-    builds it: one (row index, gradient row) pair per lookup, uncoalesced."""
-    # Unchecked: the indices come from global_rows (in range by construction), and a check syncs the host.
-    with torch.sparse.check_sparse_tensor_invariants(enable=False):
-        for j, m in model.memories():
-            m.table.weight.grad = torch.sparse_coo_tensor(
-                looked_up[j].reshape(1, -1), rows[j].grad.reshape(-1, m.dim), m.table.weight.shape
-            )
+def row_plans(looked_up: dict[int, torch.Tensor]) -> dict[int, RowPlan]:
+    """How to coalesce each table's gradient of the lookups `looked_up` ({insertion layer: [B, T, arms]})."""
+    return {j: RowPlan(rows) for j, rows in looked_up.items()}
+
+
+def set_table_grads_(model: DormouseLM, rows: dict[int, torch.Tensor], plans: dict[int, RowPlan]) -> None:
+    """Each table's gradient from its looked-up rows' gradient: nn.Embedding(sparse=True)'s (one gradient
+    row per lookup) coalesced by the lookups' plan (`row_plans`), with no host sync when it was made ahead."""
+    for j, m in model.memories():
+        m.table.weight.grad = plans[j].coalesce(rows[j].grad.reshape(-1, m.dim), m.table.weight.shape[0])
 
 
 class _Capture:
@@ -137,7 +139,7 @@ class GraphedStep:
         self.rows: dict[int, torch.Tensor] = {}  # insertion layer -> [B, T, arms, dim] leaf the graphs read
         self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}  # the first graph's: what the update reads
         self.replays = 0
-        self.next_rows: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None  # (a later batch, its rows)
+        self.next_rows: tuple | None = None  # (a later batch, its table rows, their RowPlans): prefetch
 
     def __call__(
         self,
@@ -153,7 +155,7 @@ class GraphedStep:
         if not self.static:
             self._make_static(x, y, jepa_starts)
         with record_function("dormouse.look_up"):
-            looked_up = self._fill(x, y, jepa_starts)
+            plans = self._fill(x, y, jepa_starts)
         if depth not in self.captures:  # the capture leaves this batch's inputs in place: replayed as they are
             self.captures[depth] = self._capture(depth)
             self.grads = self.grads or self.captures[depth].grads
@@ -170,14 +172,16 @@ class GraphedStep:
             p.grad = g
         for j, rows in self.rows.items():
             rows.grad = c.row_grads[j]
-        set_table_grads_(self.model, self.rows, looked_up)
+        set_table_grads_(self.model, self.rows, plans)
         return c.out
 
     def prefetch(self, x: torch.Tensor) -> None:
         """Hash a later step's batch x into its table rows now, while the GPU runs this step (the keys read
-        the bytes only); that step's look-up then only gathers the rows (~0.2 ms of idle device a step at
-        B 64 on the H200: the hash is ~10 small kernels launched one by one)."""
-        self.next_rows = (x, table_rows(self.model, x))
+        the bytes only), and plan their gradients' coalescing: that step's look-up then only gathers the
+        rows (the hash is ~10 small kernels launched one by one: ~0.2 ms of idle device a step at B 64 on
+        the H200), and its update coalesces without waiting for the GPU (sparse.py's RowPlan)."""
+        looked_up = table_rows(self.model, x)
+        self.next_rows = (x, looked_up, row_plans(looked_up))
 
     def _make_static(self, x, y, jepa_starts) -> None:
         """The graphs' inputs, shaped by the first batch: the batch, JEPA's starts, each memory's rows."""
@@ -189,9 +193,9 @@ class GraphedStep:
             shape = (*x.shape, m.arms, m.dim)
             self.rows[j] = torch.zeros(shape, device=self.device, dtype=m.table.weight.dtype, requires_grad=True)
 
-    def _fill(self, x, y, jepa_starts) -> dict[int, torch.Tensor]:
+    def _fill(self, x, y, jepa_starts) -> dict[int, RowPlan]:
         """Copy this step's inputs into the static tensors and look up its engram rows into theirs;
-        returns the table rows each memory looked up ({insertion layer: [B, T, arms]})."""
+        returns the plans of the rows each memory looked up (made ahead by `prefetch`, else now)."""
         if x.shape != self.static["x"].shape:
             raise ValueError(
                 f"a captured step takes batches of shape {tuple(self.static['x'].shape)}, got {tuple(x.shape)}"
@@ -200,8 +204,11 @@ class GraphedStep:
         self.static["y"].copy_(y)
         if jepa_starts is not None:
             self.static["jepa_starts"].copy_(jepa_starts)
-        ahead = self.next_rows[1] if self.next_rows is not None and self.next_rows[0] is x else None
-        return look_up_rows_(self.model, x, self.rows, ahead)
+        if self.next_rows is not None and self.next_rows[0] is x:
+            _, ahead, plans = self.next_rows
+            look_up_rows_(self.model, x, self.rows, ahead)
+            return plans
+        return row_plans(look_up_rows_(self.model, x, self.rows))
 
     def _capture(self, depth: int) -> _Capture:
         """Warm up and capture the step at `depth` on the batch in the static inputs."""

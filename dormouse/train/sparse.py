@@ -214,6 +214,50 @@ class SparseRowAdam(torch.optim.Optimizer):
                 self.state[p] = {k: v.to(device=p.device) for k, v in saved[i].items()}
 
 
+class RowPlan:
+    """How to coalesce a table's gradient when its row indices are known before the gradient is: the
+    indices sorted (stable), where each distinct row starts among them, and how many distinct rows.
+
+    torch's `coalesce` counts the distinct rows on the GPU and waits for that count on the host, so it
+    waits for the backward that made the gradient. A --cuda-graph step makes the plan of the next batch
+    while the GPU runs this one (`GraphedStep.prefetch`): the count reaches the host by a copy queued
+    then, and the next step coalesces without waiting (session 20: the coalesce's wait left the GPU idle
+    while the host launched the update). The sums are torch's: each distinct row's gradient rows added
+    one by one in their order, from zero (`index_add_`, deterministic)."""
+
+    def __init__(self, rows: torch.Tensor):
+        self.sorted, self.order = torch.sort(rows.reshape(-1), stable=True)
+        self.starts = torch.ones_like(self.sorted, dtype=torch.bool)  # where a distinct row begins
+        self.starts[1:] = self.sorted[1:] != self.sorted[:-1]
+        self.segment = torch.cumsum(self.starts, 0) - 1  # each sorted position's distinct row
+        count = self.starts.sum()
+        self._ready = None
+        if count.is_cuda:  # copied while the GPU runs; read when the gradient exists
+            self._count = torch.empty((), dtype=torch.int64, pin_memory=True).copy_(count, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._count = count
+
+    @property
+    def count(self) -> int:
+        """The number of distinct rows (waits for the copy, long done when the plan was made ahead)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        return int(self._count)
+
+    def coalesce(self, values: torch.Tensor, num_rows: int) -> torch.Tensor:
+        """The coalesced sparse gradient [num_rows, D] of `values` [N, D], one gradient row per index of
+        the plan's rows in their order (nn.Embedding(sparse=True)'s uncoalesced values)."""
+        k = self.count
+        summed = values.new_zeros((k, values.shape[1])).index_add_(0, self.segment, values.index_select(0, self.order))
+        rows = self.sorted.index_select(0, torch.nonzero_static(self.starts, size=k).squeeze(1))
+        # Unchecked: the rows are distinct and sorted by construction, and a check syncs the host.
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            return torch.sparse_coo_tensor(rows.unsqueeze(0), summed, (num_rows, values.shape[1]), is_coalesced=True)
+
+
 @torch.no_grad()
 def clip_grad_norm_(parameters, max_norm: float, *, split=(), world=None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ (2-norm) that also takes sparse COO gradients (Engram tables).

@@ -133,3 +133,31 @@ def test_a_graphed_step_with_a_nan_loss_stops_with_every_weight_and_state_as_bef
     assert torch.equal(weights["final_norm.weight"].nan_to_num(), after["final_norm.weight"].nan_to_num())
     moved = [v for o in trainer.opt.optimizers.values() for s in o.state.values() for v in s.values()]
     assert len(moved) == len(state) and all(torch.equal(a, b) for a, b in zip(state, moved, strict=True))
+
+
+def test_a_graphed_step_waits_for_the_gpu_only_at_its_check(random_corpus, tmp_path):
+    """After the captures, a step's one host sync is the check's read of the loss terms: the batch's
+    copy, the look-up, the coalescing of the tables' gradients (RowPlan, planned ahead) and the update
+    are queued without waiting, so the GPU runs while the host launches."""
+    import warnings
+
+    corpus = load_corpus(random_corpus(20000, repeats=2))
+    shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
+    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "eval_every": 4, "dtype": "bf16", "cuda_graph": True}
+    trainer = Trainer(
+        config.resolve(config.build("nano", {"model": shape, "train": train})),
+        corpus,
+        tmp_path / "r",
+        corpus_note="test corpus",
+    )
+    trainer.run_loop(until_step=3)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.train_step(3)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1 and "trainer.py" in syncs[0], syncs
