@@ -73,6 +73,7 @@ TRITON_ONLY = (
     "dormouse.model.norm_kernels",
     "dormouse.model.swiglu_kernels",
     "dormouse.train.sinkhorn_kernels",
+    "dormouse.train.row_sum_kernels",
 )
 
 

@@ -42,6 +42,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from dormouse import ledger
+from dormouse.model import fused_or_plain
+
 
 def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted distinct row indices [k], their gradient rows [k, D], which of them have a non-zero entry
@@ -214,6 +217,26 @@ class SparseRowAdam(torch.optim.Optimizer):
                 self.state[p] = {k: v.to(device=p.device) for k, v in saved[i].items()}
 
 
+ROW_SUM_KERNELS_UNAVAILABLE = ledger.register(
+    "sparse.row_sum_kernels_unavailable",
+    ledger.Kind.LOUD,
+    "a table gradient coalesced on CUDA by a RowPlan (a --cuda-graph step) runs dormouse's Triton kernel "
+    "(train/row_sum_kernels.py), and it is not importable (no Triton)",
+    __name__,
+)
+
+
+def row_sum_kernels(device: torch.device):
+    """dormouse's row-sum Triton kernel (train/row_sum_kernels.py) for a gradient on `device` (CUDA);
+    refused at `sparse.row_sum_kernels_unavailable` where Triton is not importable."""
+    kernels, why = fused_or_plain.own_kernels("dormouse.train.row_sum_kernels")
+    if kernels is None:
+        raise ledger.refuse(
+            ROW_SUM_KERNELS_UNAVAILABLE, f"coalescing a table gradient on {device} needs Triton ({why})"
+        )
+    return kernels
+
+
 class RowPlan:
     """How to coalesce a table's gradient when its row indices are known before the gradient is: the
     indices sorted (stable), where each distinct row starts among them, and how many distinct rows.
@@ -223,13 +246,12 @@ class RowPlan:
     while the GPU runs this one (`GraphedStep.prefetch`): the count reaches the host by a copy queued
     then, and the next step coalesces without waiting (session 20: the coalesce's wait left the GPU idle
     while the host launched the update). The sums are torch's: each distinct row's gradient rows added
-    one by one in their order, from zero (`index_add_`, deterministic)."""
+    one by one in their order, from zero."""
 
     def __init__(self, rows: torch.Tensor):
         self.sorted, self.order = torch.sort(rows.reshape(-1), stable=True)
         self.starts = torch.ones_like(self.sorted, dtype=torch.bool)  # where a distinct row begins
         self.starts[1:] = self.sorted[1:] != self.sorted[:-1]
-        self.segment = torch.cumsum(self.starts, 0) - 1  # each sorted position's distinct row
         count = self.starts.sum()
         self._ready = None
         if count.is_cuda:  # copied while the GPU runs; read when the gradient exists
@@ -249,10 +271,16 @@ class RowPlan:
 
     def coalesce(self, values: torch.Tensor, num_rows: int) -> torch.Tensor:
         """The coalesced sparse gradient [num_rows, D] of `values` [N, D], one gradient row per index of
-        the plan's rows in their order (nn.Embedding(sparse=True)'s uncoalesced values)."""
+        the plan's rows in their order (nn.Embedding(sparse=True)'s uncoalesced values). On CUDA the sums
+        run dormouse's Triton kernel (train/row_sum_kernels.py: torch's coalesce's additions and bits)."""
         k = self.count
-        summed = values.new_zeros((k, values.shape[1])).index_add_(0, self.segment, values.index_select(0, self.order))
-        rows = self.sorted.index_select(0, torch.nonzero_static(self.starts, size=k).squeeze(1))
+        bounds = torch.nonzero_static(self.starts, size=k + 1, fill_value=self.starts.shape[0]).squeeze(1)
+        if values.is_cuda:
+            summed = row_sum_kernels(values.device).row_sums(values, self.order, bounds)
+        else:
+            segment = torch.cumsum(self.starts, 0) - 1  # each sorted position's distinct row
+            summed = values.new_zeros((k, values.shape[1])).index_add_(0, segment, values.index_select(0, self.order))
+        rows = self.sorted.index_select(0, bounds[:k])
         # Unchecked: the rows are distinct and sorted by construction, and a check syncs the host.
         with torch.sparse.check_sparse_tensor_invariants(enable=False):
             return torch.sparse_coo_tensor(rows.unsqueeze(0), summed, (num_rows, values.shape[1]), is_coalesced=True)

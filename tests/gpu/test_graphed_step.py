@@ -159,5 +159,5 @@ def test_a_graphed_step_waits_for_the_gpu_only_at_its_check(random_corpus, tmp_p
             trainer.train_step(3)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
+    syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "called a synchronizing" in str(w.message)]
     assert len(syncs) == 1 and "trainer.py" in syncs[0], syncs
