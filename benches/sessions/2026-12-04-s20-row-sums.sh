@@ -12,7 +12,7 @@ export TRITON_CACHE_BACK=1
 cmds=("$(pytest_cmd gpu-row-plan-kernel 120 tests/gpu/test_row_plan.py)")
 cmds+=("$(pytest_cmd gpu-graphed-step-rowsums 240 tests/gpu/test_graphed_step.py)")
 interleaved 3 \
-  b64-base "$(base_bench 2b40b0b) --batch-size 64 --note 'batch 64, 2b40b0b (coalesce waits, check, then update), round \$round of 3'" \
+  b64-base-call4 "$(base_bench 2b40b0b) --batch-size 64 --note 'batch 64, 2b40b0b (coalesce waits, check, then update), round \$round of 3'" \
   b64-rowsums "python3 -m dormouse bench $S --batch-size 64 --note 'batch 64, RowPlan coalesce (Triton row sums), update before the check, round \$round of 3'"
 cmds+=("$(timed profile-b64-rowsums "python3 -m dormouse bench $S --batch-size 64 --profile 3 --note 'batch 64, RowPlan coalesce (Triton row sums), profiled'" 'ms_per_step|Error|device busy|device idle')")
 exec bash benches/gpu_session.sh "${cmds[@]}"
