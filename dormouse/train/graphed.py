@@ -140,6 +140,7 @@ class GraphedStep:
         self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}  # the first graph's: what the update reads
         self.replays = 0
         self.next_rows: tuple | None = None  # (a later batch, its table rows, their RowPlans): prefetch
+        self.staged: tuple | None = None  # (the next batch, its RowPlans), its inputs filled: stage
 
     def __call__(
         self,
@@ -155,7 +156,8 @@ class GraphedStep:
         if not self.static:
             self._make_static(x, y, jepa_starts)
         with record_function("dormouse.look_up"):
-            plans = self._fill(x, y, jepa_starts)
+            staged, self.staged = self.staged, None
+            plans = staged[1] if staged is not None and staged[0] is x else self._fill(x, y, jepa_starts)
         if depth not in self.captures:  # the capture leaves this batch's inputs in place: replayed as they are
             self.captures[depth] = self._capture(depth)
             self.grads = self.grads or self.captures[depth].grads
@@ -174,6 +176,15 @@ class GraphedStep:
             rows.grad = c.row_grads[j]
         set_table_grads_(self.model, self.rows, plans)
         return c.out
+
+    def stage(self, x: torch.Tensor, y: torch.Tensor, jepa_starts: torch.Tensor | None) -> None:
+        """Fill the next step's inputs and look up its rows now, queued behind this step's update (the
+        look-up reads the updated tables) and before the host waits for this step's check: the GPU then
+        goes from the update to those copies and gathers without waiting for the host to launch them
+        (~0.4 ms of idle device a step at B 64 on the H200, session 20). A call with another batch than
+        the staged one fills its own."""
+        if self.static:
+            self.staged = (x, self._fill(x, y, jepa_starts))
 
     def prefetch(self, x: torch.Tensor) -> None:
         """Hash a later step's batch x into its table rows now, while the GPU runs this step (the keys read

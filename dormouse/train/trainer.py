@@ -267,6 +267,8 @@ class Trainer:
                 # update while the host waits for the loss, instead of waiting for the host to launch it.
                 stacked = _stacked(terms)
                 self.grad_norm = self.graphed_update(max_norm, skip=~torch.isfinite(stacked).all())
+                x_next, y_next = self.next_batch[1]
+                self.graphed.stage(x_next, y_next, self.jepa_starts(step + 1))
                 with record_function("dormouse.check"):
                     values = self._checked_values(step, terms, stacked)
             else:  # eager, and --cuda-graph --no-graph-update (one process: the averaging and shards are no-ops)

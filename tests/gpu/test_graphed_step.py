@@ -161,3 +161,5 @@ def test_a_graphed_step_waits_for_the_gpu_only_at_its_check(random_corpus, tmp_p
             torch.cuda.set_sync_debug_mode("default")
     syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "called a synchronizing" in str(w.message)]
     assert len(syncs) == 1 and "trainer.py" in syncs[0], syncs
+    # and the next step's inputs were filled before that wait (GraphedStep.stage), for its replay to take
+    assert trainer.graphed.staged is not None and trainer.graphed.staged[0] is trainer.next_batch[1][0]
