@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned device call (written in session 19, not run) for the speed issue's open goal, batch 64 at
+# Device call written in session 19 and run as session 20's call 1 (benches/logs/2026-12-04-h200-session20/), for the speed issue's open goal, batch 64 at
 # >= 1e6 tokens/s (session 19: 9.29e5, 35.29 ms; docs/performance.md, Next). Carry .whl, .gpu-data/ts-val,
 # .device-commit, .triton-cache and .base-tree (ab68ace: mkdir -p .base-tree/ab68ace && git archive
 # ab68ace dormouse | tar x -C .base-tree/ab68ace).
