@@ -10,7 +10,8 @@ The update of a graphed step, in order:
    optimizer reads as `found_inf` (torch's GradScaler convention): a skipped update leaves every weight
    and optimizer state bit-identical, decided on the device, so the trainer queues the update before its
    check reads the loss and the GPU does not wait for the host between the two;
-1. eager: each engram table's sparse gradient coalesced and its norm taken (its size changes per step,
+1. eager: each engram table's sparse gradient coalesced (a graphed step hands it over coalesced:
+   train/graphed.py's RowPlan) and its norm taken (its size changes per step,
    which a graph cannot hold), copied into a static tensor; NesterovSinkhorn's lr and weight-decay
    factor copied into its device tensors (`load_lr_`);
 2. captured: the total norm of the dense gradients' norms and the tables' (torch's `get_total_norm`

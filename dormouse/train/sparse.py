@@ -245,8 +245,8 @@ class RowPlan:
     waits for the backward that made the gradient. A --cuda-graph step makes the plan of the next batch
     while the GPU runs this one (`GraphedStep.prefetch`): the count reaches the host by a copy queued
     then, and the next step coalesces without waiting (session 20: the coalesce's wait left the GPU idle
-    while the host launched the update). The sums are torch's: each distinct row's gradient rows added
-    one by one in their order, from zero."""
+    while the host launched the update). The sums add each distinct row's gradient rows one by one in
+    their order, from zero: torch's CUDA coalesce's additions (its CPU one adds in another order)."""
 
     def __init__(self, rows: torch.Tensor):
         self.sorted, self.order = torch.sort(rows.reshape(-1), stable=True)
