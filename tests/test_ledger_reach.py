@@ -104,6 +104,14 @@ def optim_sinkhorn_kernels_unavailable(tmp: Path, monkeypatch) -> None:
     sinkhorn_kernels(torch.device("cuda"))
 
 
+def sparse_row_sum_kernels_unavailable(tmp: Path, monkeypatch) -> None:
+    from dormouse.model import fused_or_plain
+    from dormouse.train.sparse import row_sum_kernels
+
+    monkeypatch.setattr(fused_or_plain, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
+    row_sum_kernels(torch.device("cuda"))
+
+
 def precision_triton_switch(tmp: Path, monkeypatch) -> None:
     import sys
     import types
@@ -156,6 +164,7 @@ TRIGGERS = {
     "swiglu.fused_unavailable": swiglu_fused_unavailable,
     "optim.sinkhorn_kernels_unavailable": optim_sinkhorn_kernels_unavailable,
     "precision.triton_switch": precision_triton_switch,
+    "sparse.row_sum_kernels_unavailable": sparse_row_sum_kernels_unavailable,
     "memory.skipped": memory_skipped,
     "memory.enforced": memory_enforced,
     "fla.unpinned": fla_unpinned,
