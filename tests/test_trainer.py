@@ -174,11 +174,11 @@ def test_a_step_reads_the_next_batch_while_the_gpu_runs_it(corpus, tmp_path):
     trainer = fresh(tiny_config(), corpus, tmp_path / "run")
     t = trainer.cfg.train
     trainer.train_step(0)
-    step, (x, y) = trainer.next_batch
+    step, (x, y, _) = trainer.next_batch
     expected = trainer.sampler.batch(t.seed, 1)
     assert step == 1 and torch.equal(x, expected[0]) and torch.equal(y, expected[1])
     assert trainer._batch(1) is trainer.next_batch[1]  # used as read
-    fresh_x, _ = trainer._batch(5)  # any other step is read then
+    fresh_x, _, _ = trainer._batch(5)  # any other step is read then
     assert torch.equal(fresh_x, trainer.sampler.batch(t.seed, 5)[0])
 
 

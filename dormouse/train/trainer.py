@@ -94,7 +94,7 @@ class Trainer:
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
-        self.next_batch: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # (step, its x, y)
+        self.next_batch: tuple[int, tuple] | None = None  # (step, its x, y, JEPA starts): _read_batch
         self.depths: list[int] = []  # loop depths of the training steps since the last eval
         self.step_ms: list[float] = []  # every training step this process ran, in run_loop's clock
         self.saved_step = None
@@ -214,18 +214,19 @@ class Trainer:
                 dropout_gen=dropout_gen,
             )
 
-    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch `step` on the device: the one the previous step read while the GPU ran it (the host would
-        otherwise read it while the GPU waits: ~0.7 ms a step at B 64 on the H200), else read now."""
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Batch `step` on the device, (x, y, JEPA starts): the one the previous step read while the GPU
+        ran it (the host would otherwise read it while the GPU waits: ~0.7 ms a step at B 64 on the H200),
+        else read now."""
         if self.next_batch is not None and self.next_batch[0] == step:
             return self.next_batch[1]
         return self._read_batch(step)
 
-    def _read_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         t = self.cfg.train
         rows = self.sampler.batch(t.seed, step, rank=self.world.rank, world_size=self.world.size)
         x, y = (self._to_device(z) for z in rows)
-        return x, y
+        return x, y, self.jepa_starts(step)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor of the step on the run's device without the host waiting for the GPU: from pinned
@@ -241,11 +242,10 @@ class Trainer:
         was in while the device waited)."""
         t = self.cfg.train
         with record_function("dormouse.batch"):
-            x, y = self._batch(step)
+            x, y, starts = self._batch(step)
             self.opt.set_lr(lr_multiplier(step, t))
             depth = self.step_depth(step)
             self.depths.append(depth)
-            starts = self.jepa_starts(step)
         max_norm = t.grad_clip or math.inf  # grad_clip 0 = the norm only
         with record_function("dormouse.forward_backward"):
             if self.graphed is not None:  # forward and backward replayed; the gradients are set
@@ -267,8 +267,7 @@ class Trainer:
                 # update while the host waits for the loss, instead of waiting for the host to launch it.
                 stacked = _stacked(terms)
                 self.grad_norm = self.graphed_update(max_norm, skip=~torch.isfinite(stacked).all())
-                x_next, y_next = self.next_batch[1]
-                self.graphed.stage(x_next, y_next, self.jepa_starts(step + 1))
+                self.graphed.stage(*self.next_batch[1])
                 with record_function("dormouse.check"):
                     values = self._checked_values(step, terms, stacked)
             else:  # eager, and --cuda-graph --no-graph-update (one process: the averaging and shards are no-ops)
@@ -278,7 +277,7 @@ class Trainer:
                 shards = [m.weight for _, m in sharded_tables(self.model)]  # --engram-shard: this rank's rows only
                 self.grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, split=shards, world=self.world)
                 with record_function("dormouse.check"):
-                    values = self._checked_values(step, terms)
+                    values = self._checked_values(step, terms, _stacked(terms))
                 self.opt.step()
             if self.ema is not None:
                 self.ema.update(step)
@@ -286,13 +285,10 @@ class Trainer:
         return values["ce"]
 
     @staticmethod
-    def _checked_values(
-        step: int, terms: dict[str, torch.Tensor], stacked: torch.Tensor | None = None
-    ) -> dict[str, float]:
+    def _checked_values(step: int, terms: dict[str, torch.Tensor], stacked: torch.Tensor) -> dict[str, float]:
         """The step's one host sync, after the backward has been queued: every term's value at once (from
-        `stacked`, `_stacked(terms)`, if given); a non-finite one stops the run before the update (the
-        eager path runs the update after this check, the graphed one skips it on the device)."""
-        stacked = _stacked(terms) if stacked is None else stacked
+        `stacked`, `_stacked(terms)`); a non-finite one stops the run before the update (the eager path
+        runs the update after this check, the graphed one skips it on the device)."""
         values = dict(zip(terms, stacked.tolist(), strict=True))
         for name, value in values.items():
             if not math.isfinite(value):

@@ -28,6 +28,17 @@ def records(run, kind):
 
 
 AUX = {"jepa_weight": 0.2, "dspark_weight": 0.2, "engram_layers": "0,1"}
+# `small`'s widths at T 256, B 64 (the quality runs' shape): fla's kernels are the ones those runs
+# compiled and pinned, so the tests do not autotune for minutes on a cold machine.
+SHAPE = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
+
+
+def graphed_trainer(random_corpus, run) -> Trainer:
+    """A --cuda-graph trainer of SHAPE at T 256, B 64, bf16, for 8 steps."""
+    corpus = load_corpus(random_corpus(20000, repeats=2))
+    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "eval_every": 4, "dtype": "bf16", "cuda_graph": True}
+    cfg = config.resolve(config.build("nano", {"model": SHAPE, "train": train}))
+    return Trainer(cfg, corpus, run, corpus_note="test corpus")
 
 
 # bf16 autocast, and fp32 weights on TF32 kernels; not IEEE fp32, whose Triton kernels take ~4 minutes
@@ -71,15 +82,12 @@ AVERAGED = {"ema_decay": 0.9, "byte_noise": 0.05}
 )
 def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dtype, extra):
     corpus = load_corpus(random_corpus(20000, repeats=2))
-    # `small`'s widths at T 256, B 64 (the quality runs' shape): fla's kernels are the ones those runs
-    # compiled and pinned, so the test does not autotune for minutes on a cold machine.
-    shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
     train = {"seq_len": 256, "batch_size": 64, "steps": 8, "warmup_steps": 2, "eval_every": 4, "dtype": dtype, **extra}
     # Eager, graphed, eager again: a kernel autotuned inside the first run (counted as fla.unpinned on its
     # eval line) is told apart from a graph that computes differently. The graph is held to the second.
     runs = []
     for i, graph in enumerate((False, True, False)):
-        cfg = config.build("nano", {"model": {**shape, **model}, "train": {**train, "cuda_graph": graph}})
+        cfg = config.build("nano", {"model": {**SHAPE, **model}, "train": {**train, "cuda_graph": graph}})
         run = tmp_path / f"run-{i}-graph-{graph}"
         trainer = Trainer(config.resolve(cfg), corpus, run, corpus_note="test corpus")
         trainer.run_loop()
@@ -108,11 +116,7 @@ def test_a_graphed_step_with_a_nan_loss_stops_with_every_weight_and_state_as_bef
     """The graphed update is queued before the step's check and skipped on the device when a loss term is
     not finite (train/graphed_update.py): the run stops at that step, and neither the weights nor any
     optimizer state (the captured NesterovSinkhorn's momentum, fused AdamW's, the tables' rows) moved."""
-    corpus = load_corpus(random_corpus(20000, repeats=2))
-    shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
-    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "eval_every": 4, "dtype": "bf16", "cuda_graph": True}
-    cfg = config.resolve(config.build("nano", {"model": shape, "train": train}))
-    trainer = Trainer(cfg, corpus, tmp_path / "run", corpus_note="test corpus")
+    trainer = graphed_trainer(random_corpus, tmp_path / "run")
     trainer.run_loop(until_step=3)  # the update's graph is captured at the second step, replayed at the third
     assert trainer.graphed_update.graph is not None
     with torch.no_grad():
@@ -141,15 +145,7 @@ def test_a_graphed_step_waits_for_the_gpu_only_at_its_check(random_corpus, tmp_p
     are queued without waiting, so the GPU runs while the host launches."""
     import warnings
 
-    corpus = load_corpus(random_corpus(20000, repeats=2))
-    shape = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
-    train = {"seq_len": 256, "batch_size": 64, "steps": 8, "eval_every": 4, "dtype": "bf16", "cuda_graph": True}
-    trainer = Trainer(
-        config.resolve(config.build("nano", {"model": shape, "train": train})),
-        corpus,
-        tmp_path / "r",
-        corpus_note="test corpus",
-    )
+    trainer = graphed_trainer(random_corpus, tmp_path / "run")
     trainer.run_loop(until_step=3)
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
