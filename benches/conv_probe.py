@@ -79,9 +79,9 @@ def main() -> None:
             f"fla pinned: fwd {f * 1e3:6.1f} us, bwd {b * 1e3:6.1f} us (a fwd again, then its bwd kernel); "
             f"errors vs float64 y {rel(y_fla, y_ref):.1e}, dx {rel(xg.grad, dx_ref):.1e} (weight rounded to bf16)"
         )
-        y = short_conv_kernels.forward(x, w)
-        dx = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-        dw = short_conv_kernels.backward(x, w, dy, dx)
+        y = short_conv_kernels.forward(x, w)[0]
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dw = short_conv_kernels.backward(x, w, (dy,), dx)
         print(f"dormouse errors vs float64: y {rel(y, y_ref):.1e}, dx {rel(dx, dx_ref):.1e}, dw {rel(dw, dw_ref):.1e}")
         chosen = (short_conv_kernels.FWD_BLOCKS, short_conv_kernels.BWD_BLOCKS)
         for blocks in (
@@ -89,7 +89,7 @@ def main() -> None:
             (32, 128, 2, 2), (64, 256, 2, 2), (32, 256, 2, 2), (128, 128, 1, 2), (64, 64, 1, 3), (32, 64, 1, 3),
         ):  # fmt: skip
             f = median_ms(functools.partial(short_conv_kernels.forward, x, w, blocks=blocks))
-            b = median_ms(functools.partial(short_conv_kernels.backward, x, w, dy, dx, blocks=blocks))
+            b = median_ms(functools.partial(short_conv_kernels.backward, x, w, (dy,), dx, blocks=blocks))
             mark = " ".join(name for name, c in zip(("fwd", "bwd"), chosen, strict=True) if c == blocks)
             print(
                 f"dormouse L, BD, warps, stages {blocks}: fwd {f * 1e3:6.1f} us ({floor['fwd'] / f / 1e9:.2f} TB/s), "

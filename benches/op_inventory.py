@@ -128,9 +128,12 @@ def fla_standins(mode: Inventory):
         def layer_norm_bwd(dy, x, weight, bias, rstd=None, is_rms_norm=False, x_dtype=None):
             return torch.zeros(x.shape, dtype=x_dtype), torch.zeros_like(weight), None, None
 
-    class ConvKernels:  # model/short_conv_kernels.py: y contiguous [B, T, C], dx written in place
-        forward = staticmethod(_opaque(mode, lambda x, weight, dilation=1: torch.zeros(x.shape, dtype=x.dtype)))
-        backward = staticmethod(_opaque(mode, lambda x, weight, dy, dx, dilation=1: torch.zeros_like(weight)))
+    def conv_forward(x, weight, n=1, dilation=1, norm=0, head=0):
+        return torch.zeros(n, *x.shape[:2], weight.shape[0] // n, dtype=x.dtype)
+
+    class ConvKernels:  # model/short_conv_kernels.py: y contiguous [n, B, T, C], dx written in place
+        forward = staticmethod(_opaque(mode, conv_forward))
+        backward = staticmethod(_opaque(mode, lambda x, weight, dys, dx, *args: torch.zeros_like(weight)))
 
     class SwigluKernels:  # model/swiglu_kernels.py: z contiguous [N, H]; the gradients written in place
         forward = staticmethod(_opaque(mode, lambda gate, up: torch.zeros(gate.shape, dtype=gate.dtype)))

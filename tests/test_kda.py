@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import counters, ledger, rng
-from dormouse.model import fla_kernels
+from dormouse.model import fla_kernels, short_conv
 from dormouse.model import kda as kda_module
 from dormouse.model.kda import (
     KDA_PARAM_GROUPS,
@@ -440,6 +441,35 @@ def test_prep_in_kernel_hands_fla_the_raw_inputs_it_documents(monkeypatch, lower
     layer = make_layer(gate_lower_bound=lower_bound, backend="fla", fla_prep_in_kernel=True).double()
     out = layer(x)
     out.square().sum().backward()
+    assert rel(out, ref) <= 1e-8
+    for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters(), strict=True):
+        assert rel(p.grad, p_ref.grad) <= 1e-6, name
+
+
+def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeypatch):
+    # With the conv kernels fused (their float64 stand-in), the packed convs L2-normalise q and k inside
+    # the conv launch: fla is handed use_qk_l2norm_in_kernel off, and the layer's output and every
+    # parameter's gradient still equal the chunked form's (a second norm or none would not).
+    flags = []
+
+    def fla_recording(*args, **kw):
+        flags.append(kw["use_qk_l2norm_in_kernel"])
+        return fla_as_documented(*args, **kw)
+
+    x = torch.randn(2, 70, 32, dtype=torch.float64, generator=rng.generator(0, 0, "test"))
+    ref_layer = make_layer(backend="chunked").double()
+    ref = ref_layer(x)
+    ref.square().sum().backward()
+    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (fla_recording, ""))
+    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
+    monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
+    StandInKernels.calls = []
+    layer = make_layer(backend="fla", fla_prep_in_kernel=True).double()
+    out = layer(x)
+    out.square().sum().backward()
+    assert flags == [False] and [c[0] for c in StandInKernels.calls] == ["forward", "backward"]
+    assert StandInKernels.calls[0][-2:] == (2, layer.head_dim)  # q and k normalised over each head
     assert rel(out, ref) <= 1e-8
     for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters(), strict=True):
         assert rel(p.grad, p_ref.grad) <= 1e-6, name

@@ -7,7 +7,7 @@ The kernels' own numbers (against float64, output and gradients) are tests/gpu/t
 
 import pytest
 import torch
-import torch.nn.functional as F
+from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import config, counters, ledger, rng
 from dormouse.model import short_conv
@@ -66,34 +66,6 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
     assert err.value.site == "conv.fused_unavailable"
 
 
-class StandInKernels:
-    """model/short_conv_kernels.py's contract in torch, float64 inside: `forward` returns SiLU(conv(x)),
-    `backward` writes the input's gradient into `dx` and returns the weight's."""
-
-    calls = []
-
-    @staticmethod
-    def conv(x, weight, dilation):
-        W = weight.shape[1]
-        x = F.pad(x.transpose(1, 2), ((W - 1) * dilation, 0))
-        a = F.conv1d(x, weight[:, None], groups=weight.shape[0], dilation=dilation)
-        return F.silu(a).transpose(1, 2)
-
-    @classmethod
-    def forward(cls, x, weight, dilation=1):
-        cls.calls.append(("forward", tuple(x.shape), x.stride(-1), tuple(weight.shape)))
-        return cls.conv(x.double(), weight.double(), dilation).to(x.dtype)
-
-    @classmethod
-    def backward(cls, x, weight, dy, dx, dilation=1):
-        cls.calls.append(("backward", tuple(x.shape), tuple(dx.stride())))
-        with torch.enable_grad():  # a backward runs without grad mode
-            xd, wd = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
-            gx, gw = torch.autograd.grad(cls.conv(xd, wd, dilation), (xd, wd), dy.double())
-        dx.copy_(gx)
-        return gw.to(weight.dtype)
-
-
 @pytest.fixture
 def fused(monkeypatch):
     """The fused path chosen on the CPU, its kernels the stand-in."""
@@ -109,16 +81,18 @@ def test_the_fused_path_hands_the_kernels_its_layout_and_keeps_the_tail(fused):
     x = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     counters.CONV.reset()
     (y, y_tail), (ref, ref_tail) = conv(x, None), plain_conv(x, None)
-    assert fused == [("forward", (2, 6, 3), 1, (3, 4))]  # [B, T, C] and the weight as [C, W]
+    assert fused == [("forward", (2, 6, 3), 1, (3, 4), 1, 0, 0)]  # [B, T, C] and the weight as [C, W]
     assert torch.allclose(y, ref, rtol=0, atol=1e-12) and torch.equal(y_tail, ref_tail)
     assert (counters.CONV.fused, counters.CONV.calls) == (1, 2)
 
 
-def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused):
-    # q, k, v as slices of one projection [B, T, 3C + 2]: the fused Function's outputs, the rest, and the
-    # gradients of the projection and of the three weights equal the plain path's (split, conv each).
+@pytest.mark.parametrize("norm", [0, 2])
+def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused, norm):
+    # q, k, v as slices of one projection [B, T, 3C + 2]: the fused Function's outputs (the first `norm`
+    # L2-normalised over heads of 2 channels), the rest, and the gradients of the projection and of the
+    # three weights equal the plain path's (split, conv each, then torch's l2norm); one kernel call each way.
     gen = torch.Generator().manual_seed(4)
-    B, T, C = 2, 7, 3
+    B, T, C, head = 2, 7, 4, 2
     h0 = torch.randn(B, T, 3 * C + 2, dtype=torch.float64, generator=gen)
     dys = [torch.randn(B, T, C, dtype=torch.float64, generator=gen) for _ in range(3)]
     drest = torch.randn(B, T, 2, dtype=torch.float64, generator=gen)
@@ -128,14 +102,15 @@ def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused):
         set_conv_backend(torch.nn.ModuleList(convs), backend)
         h = h0.clone().requires_grad_()
         counters.CONV.reset()
-        *outs, rest = short_conv.convolve_packed(h, convs)
+        *outs, rest = short_conv.convolve_packed(h, convs, norm=norm, head=head)
         assert (counters.CONV.fused, counters.CONV.calls) == ((3 if backend == "fused" else 0), 3)
         sum((o * dy).sum() for o, dy in zip(outs, dys, strict=True)).add((rest * drest).sum()).backward()
         results.append((*outs, rest, h.grad, *(c.weight.grad for c in convs)))
     for a, b in zip(*results, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
-    # each backward wrote into a slice of one [B, T, 3C + 2] gradient
-    assert [c for c in fused if c[0] == "backward"] == [("backward", (B, T, C), (T * (3 * C + 2), 3 * C + 2, 1))] * 3
+    # one forward and one backward over the three slices; the backward wrote one [B, T, 3C + 2] gradient
+    assert [c[0] for c in fused] == ["forward", "backward"]
+    assert fused[1] == ("backward", (B, T, 3 * C + 2), (T * (3 * C + 2), 3 * C + 2, 1), 3, norm, head)
 
 
 def test_a_conv_wider_than_the_kernels_is_refused_on_the_fused_path(fused):

@@ -22,7 +22,7 @@ from dormouse import counters, ledger
 from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
-from dormouse.model.norm import GatedRMSNorm
+from dormouse.model.norm import GatedRMSNorm, l2norm
 from dormouse.model.projections import affine_of, linear_of, packed, project
 from dormouse.model.short_conv import ShortConv, conv_tail, convolve_packed
 
@@ -224,13 +224,16 @@ def fla_options(*, safe_gate: bool = False, lower_bound: float | None = None, re
     return options
 
 
-def prep_in_kernel_options(A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None) -> dict:
-    """fla's chunk_kda options that have it apply what the layer would: the L2 norm of q and k, the decay
-    gate from its raw input (lower_bound · sigmoid(exp(A_log) · (g + dt_bias)), or −exp(A_log) ·
-    softplus(g + dt_bias) without a bound: the layer's `_decay`) and beta's sigmoid. Fewer kernels
-    around each call; fla's kernels compute them in fp32 (another rounding than torch's)."""
+def prep_in_kernel_options(
+    A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, qk_norm: bool = True
+) -> dict:
+    """fla's chunk_kda options that have it apply what the layer would: the L2 norm of q and k (unless
+    `qk_norm` is off: the fused short conv normalised them), the decay gate from its raw input
+    (lower_bound · sigmoid(exp(A_log) · (g + dt_bias)), or −exp(A_log) · softplus(g + dt_bias) without a
+    bound: the layer's `_decay`) and beta's sigmoid. Fewer kernels around each call; fla's kernels compute
+    them in fp32 (another rounding than torch's)."""
     return {
-        "use_qk_l2norm_in_kernel": True,
+        "use_qk_l2norm_in_kernel": qk_norm,
         "use_gate_in_kernel": True,
         "use_beta_sigmoid_in_kernel": True,
         "A_log": A_log,
@@ -286,9 +289,8 @@ KDA_PARAM_GROUPS = (
 _CONV_GROUPS = ("q_conv", "k_conv", "v_conv")
 
 
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    # fla's form (eps inside the sqrt), not F.normalize (which clamps the norm).
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 @dataclass
@@ -409,33 +411,38 @@ class KDALayer(nn.Module):
 
     def _project(self, x, cache):
         """x's six projections, q, k and v through their short convs (continuing the cache's tails):
-        (q, k, v, f_low, b, g_low, the convs' new tails or None without them)."""
+        (q, k, v, f_low, b, g_low, the convs' new tails or None without them, whether q and k are
+        L2-normalised already)."""
         linears = (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a)
         if not self.short_conv:  # the convs end in SiLU; without them the projections get it here
             q, k, v, f_low, b, g_low = project(x, linears)
-            return F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low, None
+            return F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low, None, False
         convs = (self.q_conv, self.k_conv, self.v_conv)
         if cache is None and torch.is_grad_enabled():  # one projection, its q, k, v slices convolved
             h = packed(x, linears)
-            q, k, v, rest = convolve_packed(h, convs)
+            # The fused conv kernels normalise q and k too (one launch each way, no norm kernels)
+            fuse_norm = all(conv.is_fused(h.device) for conv in convs) and _is_power_of_two(self.head_dim)
+            q, k, v, rest = convolve_packed(h, convs, norm=2 if fuse_norm else 0, head=self.head_dim)
             f_low, b, g_low = rest.split([lin.out_features for lin in linears[3:]], dim=-1)
             HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
             tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
-            return q, k, v, f_low, b, g_low, tails
+            return q, k, v, f_low, b, g_low, tails, fuse_norm
         q, k, v, f_low, b, g_low = project(x, linears)
         states = (None, None, None) if cache is None else cache.conv
         (q, cq), (k, ck), (v, cv) = (conv(t, s) for conv, t, s in zip(convs, (q, k, v), states, strict=True))
-        return q, k, v, f_low, b, g_low, (cq, ck, cv)
+        return q, k, v, f_low, b, g_low, (cq, ck, cv), False
 
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, k, v, f_low, b, g_low, conv_state = self._project(x, cache)
+        q, k, v, f_low, b, g_low, conv_state, qk_normed = self._project(x, cache)
         q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
         f = self._gate_input(f_low)
         options = self.fla_options
         if self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla":
-            options = options | prep_in_kernel_options(self.A_log, self.dt_bias, self.gate_lower_bound)
+            options = options | prep_in_kernel_options(
+                self.A_log, self.dt_bias, self.gate_lower_bound, qk_norm=not qk_normed
+            )
             # The gate's input in the projection's dtype, uncast: fla's gate kernels load it as fp32 (exact
             # from bf16) and round its gradient once to its dtype, as the cast's backward would: the same
             # arithmetic without a [B, T, H, K] fp32 copy each way (the output and g's gradient bit for bit,
@@ -444,7 +451,8 @@ class KDALayer(nn.Module):
         else:
             # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so
             # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.
-            q, k = l2norm(q).to(v.dtype), l2norm(k).to(v.dtype)
+            if not qk_normed:
+                q, k = l2norm(q).to(v.dtype), l2norm(k).to(v.dtype)
             g, beta = self._decay(f), torch.sigmoid(b.to(_compute_dtype(b)))
         o, state = kda(
             q,

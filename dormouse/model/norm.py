@@ -53,6 +53,12 @@ def resolve_norm_backend(requested: str, device: torch.device | str, *, gated: b
     )
 
 
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x over its last dim divided by its L2 norm: fla's form (eps inside the sqrt, as
+    short_conv_kernels.NORM_EPS), not F.normalize (which clamps the norm)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()

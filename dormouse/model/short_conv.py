@@ -24,6 +24,7 @@ from torch import nn
 
 from dormouse import counters, ledger
 from dormouse.model import fused_or_plain
+from dormouse.model.norm import l2norm
 
 CONV_BACKENDS = fused_or_plain.CHOICES
 MAX_FUSED_WIDTH = 4  # short_conv_kernels.TAPS (that module needs Triton to import)
@@ -108,52 +109,58 @@ class ShortConv(FusableConv):
         return F.silu(y), xs[:, xs.shape[1] - keep :]
 
 
-def convolve_packed(packed: torch.Tensor, convs: tuple[ShortConv, ...]) -> tuple[torch.Tensor, ...]:
+def convolve_packed(
+    packed: torch.Tensor, convs: tuple[ShortConv, ...], norm: int = 0, head: int = 0
+) -> tuple[torch.Tensor, ...]:
     """Each conv of `convs` (C channels each) on its slice of `packed` [B, T, N], in order from channel 0,
-    from the sequence's start: (each conv's output, the remaining N - n·C channels)."""
+    from the sequence's start, the first `norm` outputs L2-normalised over each `head` channels (fla's
+    form, `norm.l2norm`): (each conv's output, the remaining N - n·C channels)."""
     C = convs[0].weight.shape[0]
     if not all(conv.is_fused(packed.device) for conv in convs):  # each conv's call counts itself
         *parts, rest = packed.split([C] * len(convs) + [packed.shape[-1] - len(convs) * C], dim=-1)
-        return (*(conv(part, None)[0] for conv, part in zip(convs, parts, strict=True)), rest)
+        outs = [conv(part, None)[0] for conv, part in zip(convs, parts, strict=True)]
+        for i in range(norm):
+            outs[i] = l2norm(outs[i].unflatten(-1, (-1, head))).flatten(-2).to(outs[i].dtype)
+        return (*outs, rest)
     for _ in convs:
         counters.CONV.record(fused=True)
-    return fused_convs(packed, tuple(conv.weight.view(C, -1) for conv in convs))
+    return fused_convs(packed, tuple(conv.weight.view(C, -1) for conv in convs), norm=norm, head=head)
 
 
 @torch.compiler.disable  # Triton launches, called eagerly under torch.compile (as fla_kernels._opaque)
-def fused_convs(packed: torch.Tensor, weights: tuple[torch.Tensor, ...], dilation: int = 1) -> tuple[torch.Tensor, ...]:
+def fused_convs(
+    packed: torch.Tensor, weights: tuple[torch.Tensor, ...], dilation: int = 1, norm: int = 0, head: int = 0
+) -> tuple[torch.Tensor, ...]:
     """The fused path of `convolve_packed`, weights [C, W] each, taps `dilation` apart: (each conv's
     output, the rest, copied)."""
-    return _FusedConvs.apply(packed, dilation, *weights)
+    return _FusedConvs.apply(packed, dilation, norm, head, *weights)
 
 
 class _FusedConvs(torch.autograd.Function):
-    """SiLU(conv) of packed's first n·C channels, C at a time, and the rest of packed as a copy; the
-    backward writes every gradient into one tensor shaped as packed (no cat of n + 1 gradients)."""
+    """SiLU(conv) of packed's first n·C channels, C at a time, in one kernel launch each way (the first
+    `norm` outputs L2-normalised inside it), and the rest of packed as a copy; the backward writes every
+    gradient into one tensor shaped as packed (no cat of n + 1 gradients)."""
 
     @staticmethod
-    def forward(ctx, packed: torch.Tensor, dilation: int, *weights: torch.Tensor):
+    def forward(ctx, packed: torch.Tensor, dilation: int, norm: int, head: int, *weights: torch.Tensor):
         kernels, _ = fused_kernels()
-        C, n = weights[0].shape[0], len(weights)
-        ctx.save_for_backward(packed, *weights)
-        ctx.dilation = dilation
-        outs = [kernels.forward(packed[..., i * C : (i + 1) * C], w, dilation) for i, w in enumerate(weights)]
-        return (*outs, packed[..., n * C :].contiguous())
+        n = len(weights)
+        weight = torch.cat(weights) if n > 1 else weights[0]  # [n·C, W]
+        ctx.save_for_backward(packed, weight)
+        ctx.conv = (n, dilation, norm, head)
+        y = kernels.forward(packed, weight, n, dilation, norm, head)
+        return (*y.unbind(0), packed[..., weight.shape[0] :].contiguous())
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         kernels, _ = fused_kernels()
-        packed, *weights = ctx.saved_tensors
-        C, n = weights[0].shape[0], len(weights)
+        packed, weight = ctx.saved_tensors
+        n, dilation, norm, head = ctx.conv
         dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
-        dweights = [
-            kernels.backward(
-                packed[..., i * C : (i + 1) * C], w, dy.contiguous(), dpacked[..., i * C : (i + 1) * C], ctx.dilation
-            )
-            for i, (w, dy) in enumerate(zip(weights, grads[:n], strict=True))
-        ]
-        dpacked[..., n * C :].copy_(grads[n])
-        return (dpacked, None, *dweights)
+        dys = tuple(dy.contiguous() for dy in grads[:n])
+        dweight = kernels.backward(packed, weight, dys, dpacked, dilation, norm, head)
+        dpacked[..., weight.shape[0] :].copy_(grads[n])
+        return (dpacked, None, None, None, *dweight.split(weight.shape[0] // n))
 
 
 def set_conv_backend(module: nn.Module, backend: str) -> None:

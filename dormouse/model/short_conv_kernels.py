@@ -19,9 +19,16 @@ Imported only where Triton is (CUDA machines): `short_conv.fused_kernels()` look
 sizes are fixed, chosen once from the probe's sweep: no autotuning at a cold start, and two processes
 run the same kernels.
 
-Layouts: x [B, T, C] with unit stride over C (a slice of a wider tensor is fine), weight [C, W] fp32,
-dy [B, T, C] contiguous, y contiguous, dx [B, T, C] with unit stride over C. Grid: (channel blocks,
-blocks of a residue's positions, B · D).
+One launch runs n convs over adjacent channel slices of x (the KDA layer's q, k and v, each C wide, in
+its packed projection), and can L2-normalise the first few of them over each head of HD channels (fla's
+l2norm, eps inside the square root) before rounding: the KDA layer's q and k reach fla normalised, with
+no separate norm kernel each way. A program's channels are a [G, HD] block (G whole heads), so a head's
+sum is a row sum in registers; the backward recomputes the norm from x.
+
+Layouts: x [B, T, >= n·C] with unit stride over channels (a slice of a wider tensor is fine), weight
+[n·C, W] fp32, y [n, B, T, C] contiguous (y[i] is conv i's output), each dy [B, T, C] contiguous, dx
+shaped as x with unit stride over channels. Grid: (n · channel blocks of a conv, blocks of a residue's
+positions, B · D).
 """
 
 import torch
@@ -34,36 +41,58 @@ TAPS = 4
 # the sweep of session 19's call 4 (benches/conv_probe.py's blocks; run as conv_unroll_probe.py at a4c1dc9).
 FWD_BLOCKS = (32, 128, 1, 3)
 BWD_BLOCKS = (64, 128, 1, 2)
+NORM_EPS = 1e-6  # fla's l2norm's (and model/kda.py's l2norm's): x / sqrt(sum(x^2) + eps)
+MAX_CONVS = 3  # the backward takes up to three gradients' pointers (q, k, v)
 
 
 @triton.jit
 def _load(p, t, s, m_d, n):
-    """Position t's BD channels in fp32 (zeros outside [0, n))."""
+    """Position t's channels in fp32 (zeros outside [0, n))."""
     return tl.load(p + t.to(tl.int64) * s, mask=m_d & (t >= 0) & (t < n), other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _silu_store(p, t, s, a, m):
-    tl.store(p + t.to(tl.int64) * s, (a * tl.sigmoid(a)).to(p.dtype.element_ty), mask=m)
+def _act_store(p, t, s, a, m, normed, NORM: tl.constexpr, EPS: tl.constexpr):
+    """SiLU(a) at position t, each head (a row of the [G, HD] block) L2-normalised where `normed`."""
+    y = a * tl.sigmoid(a)
+    if NORM:
+        r = 1 / tl.sqrt(tl.sum(y * y, 1) + EPS)
+        y = tl.where(normed, y * r[:, None], y)
+    tl.store(p + t.to(tl.int64) * s, y.to(p.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _block(i_d, NB: tl.constexpr, C: tl.constexpr, G: tl.constexpr, HD: tl.constexpr):
+    """Program i_d's conv, and its channels within that conv as a [G, HD] block (and their mask)."""
+    i_n, i_c = i_d // NB, i_d % NB
+    o_c = i_c * G * HD + tl.arange(0, G)[:, None] * HD + tl.arange(0, HD)[None, :]
+    return i_n, o_c, o_c < C
+
+
+@triton.jit
+def _taps(w, o_w, m_d):
+    return (
+        tl.load(w + o_w, mask=m_d, other=0.0),
+        tl.load(w + o_w + 1, mask=m_d, other=0.0),
+        tl.load(w + o_w + 2, mask=m_d, other=0.0),
+        tl.load(w + o_w + 3, mask=m_d, other=0.0),
+    )
 
 
 @triton.jit
 def _fwd_kernel(
-    x, w, y, T, stride_x_b, stride_x_t, C: tl.constexpr, L: tl.constexpr, BD: tl.constexpr, DIL: tl.constexpr,
-    NS: tl.constexpr,
+    x, w, y, B, T, stride_x_b, stride_x_t, C: tl.constexpr, NB: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
+    L: tl.constexpr, DIL: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
     i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, o_c, m_d = _block(i_d, NB, C, G, HD)
+    normed = i_n < NORM  # NORM: how many of the n convs (the first ones) are normalised
     # t below counts the positions r, r + DIL, r + 2 DIL, ... of residue r: n_r of them
     i_b, r = i_br // DIL, i_br % DIL
     n_r = (T - r + DIL - 1) // DIL
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_d = o_d < C
-    w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
-    w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
-    w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
-    w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
-    p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + o_d
-    p_y = y + (i_b.to(tl.int64) * T + r) * C + o_d
+    w0, w1, w2, w3 = _taps(w, (i_n * C + o_c) * 4, m_d)
+    p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + i_n * C + o_c
+    p_y = y + ((i_n * B + i_b).to(tl.int64) * T + r) * C + o_c
     s_x, s_y = stride_x_t * DIL, C * DIL
     t0 = i_t * L
     # x1, x2, x3: the inputs at t - 3, t - 2, t - 1 (zeros before the sequence's start)
@@ -76,18 +105,25 @@ def _fwd_kernel(
         xb = _load(p_x, t + 1, s_x, m_d, n_r)
         xc = _load(p_x, t + 2, s_x, m_d, n_r)
         xd = _load(p_x, t + 3, s_x, m_d, n_r)
-        _silu_store(p_y, t, s_y, w0 * x1 + w1 * x2 + w2 * x3 + w3 * xa, m_d & (t < n_r))
-        _silu_store(p_y, t + 1, s_y, w0 * x2 + w1 * x3 + w2 * xa + w3 * xb, m_d & (t + 1 < n_r))
-        _silu_store(p_y, t + 2, s_y, w0 * x3 + w1 * xa + w2 * xb + w3 * xc, m_d & (t + 2 < n_r))
-        _silu_store(p_y, t + 3, s_y, w0 * xa + w1 * xb + w2 * xc + w3 * xd, m_d & (t + 3 < n_r))
+        _act_store(p_y, t, s_y, w0 * x1 + w1 * x2 + w2 * x3 + w3 * xa, m_d & (t < n_r), normed, NORM, EPS)
+        _act_store(p_y, t + 1, s_y, w0 * x2 + w1 * x3 + w2 * xa + w3 * xb, m_d & (t + 1 < n_r), normed, NORM, EPS)
+        _act_store(p_y, t + 2, s_y, w0 * x3 + w1 * xa + w2 * xb + w3 * xc, m_d & (t + 2 < n_r), normed, NORM, EPS)
+        _act_store(p_y, t + 3, s_y, w0 * xa + w1 * xb + w2 * xc + w3 * xd, m_d & (t + 3 < n_r), normed, NORM, EPS)
         x1, x2, x3 = xb, xc, xd
 
 
 @triton.jit
-def _da(x1, x2, x3, xt, dyt, w0, w1, w2, w3):
-    """The pre-activation's gradient at a position: dy · SiLU'(a), a recomputed from the four inputs."""
+def _da(x1, x2, x3, xt, dyt, w0, w1, w2, w3, normed, NORM: tl.constexpr, EPS: tl.constexpr):
+    """The pre-activation's gradient at a position, a recomputed from the four inputs: through the
+    head's L2 norm where `normed` (y = s·r, r = 1/sqrt(sum s^2 + eps): ds = r·(dy − y·sum(dy·y))),
+    then SiLU's: ds · SiLU'(a)."""
     a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt
     sig = tl.sigmoid(a)
+    if NORM:
+        s = a * sig
+        r = 1 / tl.sqrt(tl.sum(s * s, 1) + EPS)
+        yn = s * r[:, None]
+        dyt = tl.where(normed, (dyt - yn * tl.sum(dyt * yn, 1)[:, None]) * r[:, None], dyt)
     return dyt * sig * (1 + a * (1 - sig))
 
 
@@ -99,34 +135,37 @@ def _store_dx(p, u, s, du, m_d, t0, L, n):
 
 @triton.jit
 def _bwd_kernel(
-    x, w, dy, dx, dw, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr, L: tl.constexpr,
-    BD: tl.constexpr, DIL: tl.constexpr, NS: tl.constexpr,
+    x, w, dy0, dy1, dy2, dx, dw, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr,
+    NB: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, DIL: tl.constexpr, NORM: tl.constexpr,
+    EPS: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
     i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, o_c, m_d = _block(i_d, NB, C, G, HD)
+    normed = i_n < NORM
+    dy = dy0  # conv i_n's output gradient: one of three tensors
+    if i_n == 1:
+        dy = dy1
+    if i_n == 2:
+        dy = dy2
     i_b, r = i_br // DIL, i_br % DIL  # as in _fwd_kernel
     n_r = (T - r + DIL - 1) // DIL
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_d = o_d < C
-    w0 = tl.load(w + o_d * 4, mask=m_d, other=0.0)
-    w1 = tl.load(w + o_d * 4 + 1, mask=m_d, other=0.0)
-    w2 = tl.load(w + o_d * 4 + 2, mask=m_d, other=0.0)
-    w3 = tl.load(w + o_d * 4 + 3, mask=m_d, other=0.0)
-    p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + o_d
-    p_dy = dy + (i_b.to(tl.int64) * T + r) * C + o_d
-    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + r * stride_dx_t + o_d
+    w0, w1, w2, w3 = _taps(w, (i_n * C + o_c) * 4, m_d)
+    p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + i_n * C + o_c
+    p_dy = dy + (i_b.to(tl.int64) * T + r) * C + o_c
+    p_dx = dx + i_b.to(tl.int64) * stride_dx_b + r * stride_dx_t + i_n * C + o_c
     s_x, s_dy, s_dx = stride_x_t * DIL, C * DIL, stride_dx_t * DIL
     t0 = i_t * L
     x1 = _load(p_x, t0 - 3, s_x, m_d, n_r)
     x2 = _load(p_x, t0 - 2, s_x, m_d, n_r)
     x3 = _load(p_x, t0 - 1, s_x, m_d, n_r)
     # d1, d2, d3: the pre-activation's gradient at t - 1, t - 2, t - 3; g0..g3: this program's part of dw
-    d1 = tl.zeros((BD,), dtype=tl.float32)
-    d2 = tl.zeros((BD,), dtype=tl.float32)
-    d3 = tl.zeros((BD,), dtype=tl.float32)
-    g0 = tl.zeros((BD,), dtype=tl.float32)
-    g1 = tl.zeros((BD,), dtype=tl.float32)
-    g2 = tl.zeros((BD,), dtype=tl.float32)
-    g3 = tl.zeros((BD,), dtype=tl.float32)
+    d1 = tl.zeros((G, HD), dtype=tl.float32)
+    d2 = tl.zeros((G, HD), dtype=tl.float32)
+    d3 = tl.zeros((G, HD), dtype=tl.float32)
+    g0 = tl.zeros((G, HD), dtype=tl.float32)
+    g1 = tl.zeros((G, HD), dtype=tl.float32)
+    g2 = tl.zeros((G, HD), dtype=tl.float32)
+    g3 = tl.zeros((G, HD), dtype=tl.float32)
     # dx[u] needs da[u .. u + 3]: walk the positions t0 .. t0 + L + 3 (one more, masked), four an
     # iteration as in _fwd_kernel, and write dx three positions behind.
     for t in tl.range(t0, t0 + L + 4, 4, num_stages=NS):
@@ -138,10 +177,10 @@ def _bwd_kernel(
         yb = _load(p_dy, t + 1, s_dy, m_d, n_r)
         yc = _load(p_dy, t + 2, s_dy, m_d, n_r)
         yd = _load(p_dy, t + 3, s_dy, m_d, n_r)
-        da = _da(x1, x2, x3, xa, ya, w0, w1, w2, w3)
-        db = _da(x2, x3, xa, xb, yb, w0, w1, w2, w3)
-        dc = _da(x3, xa, xb, xc, yc, w0, w1, w2, w3)
-        dd = _da(xa, xb, xc, xd, yd, w0, w1, w2, w3)
+        da = _da(x1, x2, x3, xa, ya, w0, w1, w2, w3, normed, NORM, EPS)
+        db = _da(x2, x3, xa, xb, yb, w0, w1, w2, w3, normed, NORM, EPS)
+        dc = _da(x3, xa, xb, xc, yc, w0, w1, w2, w3, normed, NORM, EPS)
+        dd = _da(xa, xb, xc, xd, yd, w0, w1, w2, w3, normed, NORM, EPS)
         _store_dx(p_dx, t - 3, s_dx, w0 * da + w1 * d1 + w2 * d2 + w3 * d3, m_d, t0, L, n_r)
         _store_dx(p_dx, t - 2, s_dx, w0 * db + w1 * da + w2 * d1 + w3 * d2, m_d, t0, L, n_r)
         _store_dx(p_dx, t - 1, s_dx, w0 * dc + w1 * db + w2 * da + w3 * d1, m_d, t0, L, n_r)
@@ -157,36 +196,54 @@ def _bwd_kernel(
         g3 += oa * xa + ob * xb + oc * xc + od * xd
         x1, x2, x3 = xb, xc, xd
         d3, d2, d1 = db, dc, dd
-    p_dw = dw + (i_br * tl.num_programs(1) + i_t).to(tl.int64) * C * 4 + o_d * 4
+    # parts [programs over positions, n·C, 4]: this program's row, its conv's channels
+    p_dw = dw + ((i_br * tl.num_programs(1) + i_t).to(tl.int64) * (tl.num_programs(0) // NB) * C + i_n * C + o_c) * 4
     tl.store(p_dw, g0, mask=m_d)
     tl.store(p_dw + 1, g1, mask=m_d)
     tl.store(p_dw + 2, g2, mask=m_d)
     tl.store(p_dw + 3, g3, mask=m_d)
 
 
-def _taps(weight: torch.Tensor) -> torch.Tensor:
-    """weight [C, W <= 4] as [C, 4] fp32, zeros in front: the same causal conv."""
+def _taps_of(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, W <= 4] as [N, 4] fp32, zeros in front: the same causal conv (no copy when it is already)."""
     assert weight.shape[1] <= TAPS, weight.shape
-    return F.pad(weight.float(), (TAPS - weight.shape[1], 0)).contiguous()
+    w = weight.float()
+    return (F.pad(w, (TAPS - weight.shape[1], 0)) if weight.shape[1] < TAPS else w).contiguous()
 
 
-def _grid(x: torch.Tensor, L: int, BD: int, dilation: int) -> tuple[int, int, int]:
-    B, T, C = x.shape
-    return triton.cdiv(C, BD), triton.cdiv(triton.cdiv(T, dilation), L), B * dilation
+def _layout(x: torch.Tensor, weight: torch.Tensor, n: int, norm: int, head: int, BD: int, L: int, dilation: int):
+    """(C, the [G, HD] channel block, blocks per conv, grid) of n convs over x's first n·C channels."""
+    B, T, N = x.shape
+    C = weight.shape[0] // n
+    assert 1 <= n <= MAX_CONVS and weight.shape[0] == n * C and N >= n * C and x.stride(-1) == 1, (
+        x.shape,
+        weight.shape,
+    )
+    assert 0 <= norm <= n and (norm == 0 or (head > 0 and head & (head - 1) == 0 and C % head == 0)), (norm, head, C)
+    G, HD = (max(1, BD // head), head) if norm else (1, BD)
+    NB = triton.cdiv(C, G * HD)
+    return C, G, HD, NB, (n * NB, triton.cdiv(triton.cdiv(T, dilation), L), B * dilation)
 
 
 def forward(
-    x: torch.Tensor, weight: torch.Tensor, dilation: int = 1, blocks: tuple[int, int, int, int] = FWD_BLOCKS
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    n: int = 1,
+    dilation: int = 1,
+    norm: int = 0,
+    head: int = 0,
+    blocks: tuple[int, int, int, int] = FWD_BLOCKS,
 ) -> torch.Tensor:
-    """SiLU(causal depthwise conv of x [B, T, C] with weight [C, W], taps `dilation` apart), contiguous
-    [B, T, C] in x's dtype."""
-    B, T, C = x.shape
-    assert x.stride(-1) == 1 and weight.shape[0] == C, (x.stride(), weight.shape)
+    """SiLU(causal depthwise conv i of x's channels [i·C, (i+1)·C) with weight[i·C:(i+1)·C], taps `dilation`
+    apart) for i < n, the first `norm` of them L2-normalised over each `head` channels: [n, B, T, C] in x's
+    dtype, contiguous."""
+    B, T, _ = x.shape
     L, BD, num_warps, stages = blocks
-    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    _fwd_kernel[_grid(x, L, BD, dilation)](
-        x, _taps(weight), y, T, x.stride(0), x.stride(1), C=C, L=L, BD=BD, DIL=dilation, NS=stages,
-        num_warps=num_warps,
+    C, G, HD, NB, grid = _layout(x, weight, n, norm, head, BD, L, dilation)
+    y = torch.empty(n, B, T, C, dtype=x.dtype, device=x.device)
+    _fwd_kernel[grid](
+        x, _taps_of(weight), y, B, T, x.stride(0), x.stride(1), C=C, NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm,
+        EPS=NORM_EPS, NS=stages, num_warps=num_warps,
     )  # fmt: skip
     return y
 
@@ -194,19 +251,25 @@ def forward(
 def backward(
     x: torch.Tensor,
     weight: torch.Tensor,
-    dy: torch.Tensor,
+    dys: tuple[torch.Tensor, ...],
     dx: torch.Tensor,
     dilation: int = 1,
+    norm: int = 0,
+    head: int = 0,
     blocks: tuple[int, int, int, int] = BWD_BLOCKS,
 ) -> torch.Tensor:
-    """Writes the input's gradient into `dx` (x's shape, unit stride over C); returns the weight's [C, W]."""
-    B, T, C = x.shape
-    assert dy.is_contiguous() and dx.stride(-1) == 1 and dx.shape == x.shape, (dy.stride(), dx.stride())
+    """`forward`'s backward for the output gradients `dys` (one [B, T, C] per conv): writes the input's
+    gradient into dx[..., :n·C] (dx shaped as x, unit stride over channels); returns the weight's [n·C, W]."""
+    n = len(dys)
+    B, T, _ = x.shape
     L, BD, num_warps, stages = blocks
-    grid = _grid(x, L, BD, dilation)
-    parts = torch.empty(grid[2] * grid[1], C, TAPS, dtype=torch.float32, device=x.device)
+    C, G, HD, NB, grid = _layout(x, weight, n, norm, head, BD, L, dilation)
+    assert all(dy.is_contiguous() and dy.shape == (B, T, C) for dy in dys) and dx.stride(-1) == 1, dx.stride()
+    assert dx.shape == x.shape, (dx.shape, x.shape)
+    parts = torch.empty(grid[2] * grid[1], n * C, TAPS, dtype=torch.float32, device=x.device)
+    dy0, dy1, dy2 = (*dys, *dys[:1] * (MAX_CONVS - n))
     _bwd_kernel[grid](
-        x, _taps(weight), dy, dx, parts, T, x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), C=C, L=L, BD=BD,
-        DIL=dilation, NS=stages, num_warps=num_warps,
+        x, _taps_of(weight), dy0, dy1, dy2, dx, parts, T, x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), C=C,
+        NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm, EPS=NORM_EPS, NS=stages, num_warps=num_warps,
     )  # fmt: skip
     return parts.sum(0)[:, TAPS - weight.shape[1] :].to(weight.dtype)

@@ -5,9 +5,10 @@ The kernels against float64 on the same inputs: fp32 output and gradients to 1e-
 (max|d|/max|ref|); bf16 output and input gradient to one bf16 rounding (2^-8), the weight's gradient
 (summed in fp32) to 1e-5. Shapes: the model's, shorter than the kernel, and ragged (positions and
 channels not multiples of the blocks); widths 4, 3, 2 (zeros in front of the weights); the input a slice
-of a wider tensor; dilations 1, 4 (the engram's) and 3. Two backward runs give the same bits. Also: q, k,
-v as slices of one projection through the fused Function against the plain path, and a model on CUDA
-running every conv fused.
+of a wider tensor; dilations 1, 4 (the engram's) and 3. Two backward runs give the same bits. q, k, v as three slices of
+one projection in one launch each way, q and k L2-normalised per head, against float64 in the same
+tolerances. Also: the fused Function against the plain path (with and without the norm), and a model on
+CUDA running every conv fused.
 """
 
 import pytest
@@ -27,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.model.norm import l2norm  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (2.0**-8, 2.0**-8, 1e-5)}  # (y, dx, dw)
 
@@ -56,25 +58,63 @@ def test_kernels_against_float64(shape, dtype, width, dilation):
     x = wide[..., C : 2 * C]  # a slice, as q, k, v of the packed projection
     w = (0.5 * torch.randn(C, width, generator=gen)).cuda()
     dy = torch.randn(B, T, C, generator=gen).to(dtype).cuda()
-    y = kernels.forward(x, w, dilation)
+    y = kernels.forward(x, w, dilation=dilation)[0]
     dx = torch.empty_like(dy)
-    dw = kernels.backward(x, w, dy, dx, dilation)
+    dw = kernels.backward(x, w, (dy,), dx, dilation)
     y_ref, dx_ref, dw_ref = reference(x, w, dy, dilation)
     measured = {"y": rel(y, y_ref), "dx": rel(dx, dx_ref), "dw": rel(dw, dw_ref)}
     print(f"{shape} {dtype} width {width} dilation {dilation}, max|d|/max|ref|: {measured}")
     assert y.dtype == dx.dtype == dtype and dw.dtype == torch.float32 and dw.shape == (C, width)
     assert all(m <= tol for m, tol in zip(measured.values(), TOL[dtype], strict=True)), measured
     dx_again = torch.empty_like(dy)
-    assert torch.equal(kernels.backward(x, w, dy, dx_again, dilation), dw) and torch.equal(dx_again, dx)
+    assert torch.equal(kernels.backward(x, w, (dy,), dx_again, dilation), dw) and torch.equal(dx_again, dx)
+
+
+def packed_reference(wide, w, dys, norm, head):
+    """float64 q, k, v: SiLU(conv) of wide's three C-channel slices, the first `norm` L2-normalised over each
+    `head` channels (fla's form); the gradients of wide's 3C channels and of w [3C, W] by autograd."""
+    C = w.shape[0] // 3
+    xd, wd = wide[..., : 3 * C].detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ys = []
+    for i in range(3):
+        xi = F.pad(xd[..., i * C : (i + 1) * C].transpose(1, 2), (w.shape[1] - 1, 0))
+        y = F.silu(F.conv1d(xi, wd[i * C : (i + 1) * C, None], groups=C)).transpose(1, 2)
+        ys.append(l2norm(y.unflatten(-1, (-1, head))).flatten(-2) if i < norm else y)
+    y = torch.stack(ys)
+    y.backward(torch.stack(dys).double())
+    return y.detach(), xd.grad, wd.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("shape", "head"), [((64, 256, 512), 64), ((2, 100, 96), 32), ((3, 50, 256), 128)])
+def test_packed_kernels_normalising_q_and_k_against_float64(shape, head, dtype):
+    # One launch each way over q, k, v (three slices of one projection, 40 more channels after them), q and k
+    # L2-normalised per head inside: the same tolerances as one conv; the 40 channels' gradient untouched.
+    B, T, C = shape
+    gen = rng.generator(0, 2, "test")
+    wide = torch.randn(B, T, 3 * C + 40, generator=gen).to(dtype).cuda()
+    w = (0.5 * torch.randn(3 * C, 4, generator=gen)).cuda()
+    dys = tuple(torch.randn(B, T, C, generator=gen).to(dtype).cuda() for _ in range(3))
+    y = kernels.forward(wide, w, 3, 1, 2, head)
+    dx = torch.zeros_like(wide)
+    dw = kernels.backward(wide, w, dys, dx, 1, 2, head)
+    y_ref, dx_ref, dw_ref = packed_reference(wide, w, dys, 2, head)
+    measured = {"y": rel(y, y_ref), "dx": rel(dx[..., : 3 * C], dx_ref), "dw": rel(dw, dw_ref)}
+    print(f"{shape} head {head} {dtype}, max|d|/max|ref|: {measured}")
+    assert y.shape == (3, B, T, C) and dw.shape == (3 * C, 4) and not dx[..., 3 * C :].any()
+    assert all(m <= tol for m, tol in zip(measured.values(), TOL[dtype], strict=True)), measured
+    dx_again = torch.zeros_like(wide)
+    assert torch.equal(kernels.backward(wide, w, dys, dx_again, 1, 2, head), dw) and torch.equal(dx_again, dx)
 
 
 def test_the_refusal_s_width_is_the_kernels_window():
     assert kernels.TAPS == short_conv.MAX_FUSED_WIDTH
 
 
-def test_packed_convs_fused_against_the_plain_path():
-    # In bf16 the plain path rounds the weights, and the conv before its SiLU: roundings apart, bounded by
-    # 1e-2 as the other fused-against-plain tests' gradients are.
+@pytest.mark.parametrize("norm", [0, 2])
+def test_packed_convs_fused_against_the_plain_path(norm):
+    # In bf16 the plain path rounds the weights, and the conv before its SiLU (and its norm's input):
+    # roundings apart, bounded by 1e-2 as the other fused-against-plain tests' gradients are.
     gen = rng.generator(0, 1, "test")
     B, T, C = 4, 128, 256
     h0 = torch.randn(B, T, 3 * C + 40, generator=gen).to(torch.bfloat16).cuda()
@@ -89,7 +129,7 @@ def test_packed_convs_fused_against_the_plain_path():
         short_conv.set_conv_backend(torch.nn.ModuleList(convs), backend)
         h = h0.clone().requires_grad_()
         counters.CONV.reset()
-        *outs, rest = short_conv.convolve_packed(h, convs)
+        *outs, rest = short_conv.convolve_packed(h, convs, norm=norm, head=64)
         assert counters.CONV.fused == (3 if backend == "fused" else 0)
         loss = sum((o.float() * dy.float()).sum() for o, dy in zip(outs, dys, strict=True))
         (loss + (rest.float() * drest.float()).sum()).backward()
