@@ -41,6 +41,9 @@ TAPS = 4
 # the sweep of session 19's call 4 (benches/conv_probe.py's blocks; run as conv_unroll_probe.py at a4c1dc9).
 FWD_BLOCKS = (32, 128, 1, 3)
 BWD_BLOCKS = (64, 128, 1, 2)
+# The same with q and k L2-normalised inside (two row sums a position each way): benches/qkv_conv_probe.py.
+NORM_FWD_BLOCKS = FWD_BLOCKS
+NORM_BWD_BLOCKS = BWD_BLOCKS
 NORM_EPS = 1e-6  # fla's l2norm's (and model/kda.py's l2norm's): x / sqrt(sum(x^2) + eps)
 MAX_CONVS = 3  # the backward takes up to three gradients' pointers (q, k, v)
 
@@ -232,13 +235,13 @@ def forward(
     dilation: int = 1,
     norm: int = 0,
     head: int = 0,
-    blocks: tuple[int, int, int, int] = FWD_BLOCKS,
+    blocks: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """SiLU(causal depthwise conv i of x's channels [i·C, (i+1)·C) with weight[i·C:(i+1)·C], taps `dilation`
     apart) for i < n, the first `norm` of them L2-normalised over each `head` channels: [n, B, T, C] in x's
     dtype, contiguous."""
     B, T, _ = x.shape
-    L, BD, num_warps, stages = blocks
+    L, BD, num_warps, stages = blocks or (NORM_FWD_BLOCKS if norm else FWD_BLOCKS)
     C, G, HD, NB, grid = _layout(x, weight, n, norm, head, BD, L, dilation)
     y = torch.empty(n, B, T, C, dtype=x.dtype, device=x.device)
     _fwd_kernel[grid](
@@ -256,13 +259,13 @@ def backward(
     dilation: int = 1,
     norm: int = 0,
     head: int = 0,
-    blocks: tuple[int, int, int, int] = BWD_BLOCKS,
+    blocks: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """`forward`'s backward for the output gradients `dys` (one [B, T, C] per conv): writes the input's
     gradient into dx[..., :n·C] (dx shaped as x, unit stride over channels); returns the weight's [n·C, W]."""
     n = len(dys)
     B, T, _ = x.shape
-    L, BD, num_warps, stages = blocks
+    L, BD, num_warps, stages = blocks or (NORM_BWD_BLOCKS if norm else BWD_BLOCKS)
     C, G, HD, NB, grid = _layout(x, weight, n, norm, head, BD, L, dilation)
     assert all(dy.is_contiguous() and dy.shape == (B, T, C) for dy in dys) and dx.stride(-1) == 1, dx.stride()
     assert dx.shape == x.shape, (dx.shape, x.shape)
