@@ -79,7 +79,7 @@ def main() -> None:
             f"fla pinned: fwd {f * 1e3:6.1f} us, bwd {b * 1e3:6.1f} us (a fwd again, then its bwd kernel); "
             f"errors vs float64 y {rel(y_fla, y_ref):.1e}, dx {rel(xg.grad, dx_ref):.1e} (weight rounded to bf16)"
         )
-        y = short_conv_kernels.forward(x, w)[0]
+        y = short_conv_kernels.forward(x, w)[0][0]
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dw = short_conv_kernels.backward(x, w, (dy,), dx)
         print(f"dormouse errors vs float64: y {rel(y, y_ref):.1e}, dx {rel(dx, dx_ref):.1e}, dw {rel(dw, dw_ref):.1e}")

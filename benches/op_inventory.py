@@ -129,7 +129,9 @@ def fla_standins(mode: Inventory):
             return torch.zeros(x.shape, dtype=x_dtype), torch.zeros_like(weight), None, None
 
     def conv_forward(x, weight, n=1, dilation=1, norm=0, head=0):
-        return torch.zeros(n, *x.shape[:2], weight.shape[0] // n, dtype=x.dtype)
+        C = weight.shape[0] // n
+        rstd = torch.zeros(norm, *x.shape[:2], C // head) if norm else None
+        return torch.zeros(n, *x.shape[:2], C, dtype=x.dtype), rstd
 
     class ConvKernels:  # model/short_conv_kernels.py: y contiguous [n, B, T, C], dx written in place
         forward = staticmethod(_opaque(mode, conv_forward))

@@ -44,7 +44,7 @@ def main() -> None:
     dx = torch.empty_like(packed)
 
     def before_fwd():
-        ys = [kernels.forward(packed[..., i * C : (i + 1) * C], w[i * C : (i + 1) * C]) for i in range(3)]
+        ys = [kernels.forward(packed[..., i * C : (i + 1) * C], w[i * C : (i + 1) * C])[0][0] for i in range(3)]
         return [l2norm_fwd(y.view(B, T, -1, D)) for y in ys[:2]]
 
     (qn, q_rstd), (kn, k_rstd) = before_fwd()
@@ -65,12 +65,13 @@ def main() -> None:
         f"bwd {median_ms(before_bwd) * 1e3:6.1f} us (fla's l2norm bwd includes the bf16 rounding of dq, dk)"
     )
     print(f"fla's dq, dk rounded to bf16 without its norm (the cast in its backward): {median_ms(cast) * 1e3:6.1f} us")
+    _, rstd = kernels.forward(packed, w, 3, 1, 2, D)
     for blocks in FWD:
         f = median_ms(functools.partial(kernels.forward, packed, w, 3, 1, 2, D, blocks=blocks))
         mark = "  <- chosen" if blocks == kernels.NORM_FWD_BLOCKS else ""
         print(f"one launch, q k normalised, fwd L, BD, warps, stages {blocks}: {f * 1e3:6.1f} us{mark}")
     for blocks in BWD:
-        b = median_ms(functools.partial(kernels.backward, packed, w, dys, dx, 1, 2, D, blocks=blocks))
+        b = median_ms(functools.partial(kernels.backward, packed, w, dys, dx, 1, 2, D, rstd, blocks=blocks))
         mark = "  <- chosen" if blocks == kernels.NORM_BWD_BLOCKS else ""
         print(f"one launch, q k normalised, bwd L, BD, warps, stages {blocks}: {b * 1e3:6.1f} us{mark}")
 

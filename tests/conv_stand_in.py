@@ -28,11 +28,14 @@ class StandInKernels:
     @classmethod
     def forward(cls, x, weight, n=1, dilation=1, norm=0, head=0):
         cls.calls.append(("forward", tuple(x.shape), x.stride(-1), tuple(weight.shape), n, norm, head))
-        return cls.conv(x.double(), weight.double(), n, dilation, norm, head).to(x.dtype)
+        y = cls.conv(x.double(), weight.double(), n, dilation, norm, head).to(x.dtype)
+        rstd = torch.full((norm, *x.shape[:2], weight.shape[0] // n // max(head, 1)), float("nan")) if norm else None
+        return y, rstd  # the stand-in's backward recomputes the norm: a NaN rstd must not reach it
 
     @classmethod
-    def backward(cls, x, weight, dys, dx, dilation=1, norm=0, head=0):
+    def backward(cls, x, weight, dys, dx, dilation=1, norm=0, head=0, rstd=None):
         cls.calls.append(("backward", tuple(x.shape), tuple(dx.stride()), len(dys), norm, head))
+        assert (rstd is not None) == bool(norm) and (rstd is None or rstd.shape[0] == norm)
         n, C = len(dys), weight.shape[0] // len(dys)
         with torch.enable_grad():  # a backward runs without grad mode
             xd = x[..., : n * C].detach().double().requires_grad_()

@@ -146,19 +146,19 @@ class _FusedConvs(torch.autograd.Function):
         kernels, _ = fused_kernels()
         n = len(weights)
         weight = torch.cat(weights) if n > 1 else weights[0]  # [n·C, W]
-        ctx.save_for_backward(packed, weight)
+        y, rstd = kernels.forward(packed, weight, n, dilation, norm, head)
+        ctx.save_for_backward(packed, weight, rstd)
         ctx.conv = (n, dilation, norm, head)
-        y = kernels.forward(packed, weight, n, dilation, norm, head)
         return (*y.unbind(0), packed[..., weight.shape[0] :].contiguous())
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         kernels, _ = fused_kernels()
-        packed, weight = ctx.saved_tensors
+        packed, weight, rstd = ctx.saved_tensors
         n, dilation, norm, head = ctx.conv
         dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
         dys = tuple(dy.contiguous() for dy in grads[:n])
-        dweight = kernels.backward(packed, weight, dys, dpacked, dilation, norm, head)
+        dweight = kernels.backward(packed, weight, dys, dpacked, dilation, norm, head, rstd)
         dpacked[..., weight.shape[0] :].copy_(grads[n])
         return (dpacked, None, None, None, *dweight.split(weight.shape[0] // n))
 

@@ -23,7 +23,8 @@ One launch runs n convs over adjacent channel slices of x (the KDA layer's q, k 
 its packed projection), and can L2-normalise the first few of them over each head of HD channels (fla's
 l2norm, eps inside the square root) before rounding: the KDA layer's q and k reach fla normalised, with
 no separate norm kernel each way. A program's channels are a [G, HD] block (G whole heads), so a head's
-sum is a row sum in registers; the backward recomputes the norm from x.
+sum is a row sum in registers; the forward stores each head's 1 / norm (fp32, [norm, B, T, C / HD]), which
+the backward reads where it recomputes the rest from x.
 
 Layouts: x [B, T, >= n·C] with unit stride over channels (a slice of a wider tensor is fine), weight
 [n·C, W] fp32, y [n, B, T, C] contiguous (y[i] is conv i's output), each dy [B, T, C] contiguous, dx
@@ -41,9 +42,10 @@ TAPS = 4
 # the sweep of session 19's call 4 (benches/conv_probe.py's blocks; run as conv_unroll_probe.py at a4c1dc9).
 FWD_BLOCKS = (32, 128, 1, 3)
 BWD_BLOCKS = (64, 128, 1, 2)
-# The same with q and k L2-normalised inside (two row sums a position each way): benches/qkv_conv_probe.py.
-NORM_FWD_BLOCKS = FWD_BLOCKS
-NORM_BWD_BLOCKS = BWD_BLOCKS
+# The same with q and k L2-normalised inside (a row sum a position each way): the fastest of the sweep
+# of benches/qkv_conv_probe.py (session 21's call 2).
+NORM_FWD_BLOCKS = (32, 256, 2, 3)
+NORM_BWD_BLOCKS = (128, 128, 2, 2)
 NORM_EPS = 1e-6  # fla's l2norm's (and model/kda.py's l2norm's): x / sqrt(sum(x^2) + eps)
 MAX_CONVS = 3  # the backward takes up to three gradients' pointers (q, k, v)
 
@@ -55,21 +57,25 @@ def _load(p, t, s, m_d, n):
 
 
 @triton.jit
-def _act_store(p, t, s, a, m, normed, NORM: tl.constexpr, EPS: tl.constexpr):
-    """SiLU(a) at position t, each head (a row of the [G, HD] block) L2-normalised where `normed`."""
+def _act_store(p, t, s, a, m_d, n, normed, p_r, s_r, m_h, NORM: tl.constexpr, EPS: tl.constexpr):
+    """SiLU(a) at position t (if in [0, n)), each head (a row of the [G, HD] block) L2-normalised where
+    `normed`, its 1/norm stored for the backward."""
     y = a * tl.sigmoid(a)
     if NORM:
         r = 1 / tl.sqrt(tl.sum(y * y, 1) + EPS)
+        tl.store(p_r + t.to(tl.int64) * s_r, r, mask=m_h & normed & (t < n))
         y = tl.where(normed, y * r[:, None], y)
-    tl.store(p + t.to(tl.int64) * s, y.to(p.dtype.element_ty), mask=m)
+    tl.store(p + t.to(tl.int64) * s, y.to(p.dtype.element_ty), mask=m_d & (t < n))
 
 
 @triton.jit
 def _block(i_d, NB: tl.constexpr, C: tl.constexpr, G: tl.constexpr, HD: tl.constexpr):
-    """Program i_d's conv, and its channels within that conv as a [G, HD] block (and their mask)."""
+    """Program i_d's conv, its channels within that conv as a [G, HD] block and their mask, and the
+    block's heads (and their mask)."""
     i_n, i_c = i_d // NB, i_d % NB
     o_c = i_c * G * HD + tl.arange(0, G)[:, None] * HD + tl.arange(0, HD)[None, :]
-    return i_n, o_c, o_c < C
+    o_h = i_c * G + tl.arange(0, G)
+    return i_n, o_c, o_c < C, o_h, o_h < C // HD
 
 
 @triton.jit
@@ -84,11 +90,11 @@ def _taps(w, o_w, m_d):
 
 @triton.jit
 def _fwd_kernel(
-    x, w, y, B, T, stride_x_b, stride_x_t, C: tl.constexpr, NB: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-    L: tl.constexpr, DIL: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, NS: tl.constexpr,
+    x, w, y, rstd, B, T, stride_x_b, stride_x_t, C: tl.constexpr, NB: tl.constexpr, G: tl.constexpr,
+    HD: tl.constexpr, L: tl.constexpr, DIL: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
     i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, o_c, m_d = _block(i_d, NB, C, G, HD)
+    i_n, o_c, m_d, o_h, m_h = _block(i_d, NB, C, G, HD)
     normed = i_n < NORM  # NORM: how many of the n convs (the first ones) are normalised
     # t below counts the positions r, r + DIL, r + 2 DIL, ... of residue r: n_r of them
     i_b, r = i_br // DIL, i_br % DIL
@@ -96,7 +102,8 @@ def _fwd_kernel(
     w0, w1, w2, w3 = _taps(w, (i_n * C + o_c) * 4, m_d)
     p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + i_n * C + o_c
     p_y = y + ((i_n * B + i_b).to(tl.int64) * T + r) * C + o_c
-    s_x, s_y = stride_x_t * DIL, C * DIL
+    p_r = rstd + ((i_n * B + i_b).to(tl.int64) * T + r) * (C // HD) + o_h  # rstd [NORM, B, T, C / HD]
+    s_x, s_y, s_r = stride_x_t * DIL, C * DIL, (C // HD) * DIL
     t0 = i_t * L
     # x1, x2, x3: the inputs at t - 3, t - 2, t - 1 (zeros before the sequence's start)
     x1 = _load(p_x, t0 - 3, s_x, m_d, n_r)
@@ -108,24 +115,26 @@ def _fwd_kernel(
         xb = _load(p_x, t + 1, s_x, m_d, n_r)
         xc = _load(p_x, t + 2, s_x, m_d, n_r)
         xd = _load(p_x, t + 3, s_x, m_d, n_r)
-        _act_store(p_y, t, s_y, w0 * x1 + w1 * x2 + w2 * x3 + w3 * xa, m_d & (t < n_r), normed, NORM, EPS)
-        _act_store(p_y, t + 1, s_y, w0 * x2 + w1 * x3 + w2 * xa + w3 * xb, m_d & (t + 1 < n_r), normed, NORM, EPS)
-        _act_store(p_y, t + 2, s_y, w0 * x3 + w1 * xa + w2 * xb + w3 * xc, m_d & (t + 2 < n_r), normed, NORM, EPS)
-        _act_store(p_y, t + 3, s_y, w0 * xa + w1 * xb + w2 * xc + w3 * xd, m_d & (t + 3 < n_r), normed, NORM, EPS)
+        a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xa
+        _act_store(p_y, t, s_y, a, m_d, n_r, normed, p_r, s_r, m_h, NORM, EPS)
+        a = w0 * x2 + w1 * x3 + w2 * xa + w3 * xb
+        _act_store(p_y, t + 1, s_y, a, m_d, n_r, normed, p_r, s_r, m_h, NORM, EPS)
+        a = w0 * x3 + w1 * xa + w2 * xb + w3 * xc
+        _act_store(p_y, t + 2, s_y, a, m_d, n_r, normed, p_r, s_r, m_h, NORM, EPS)
+        a = w0 * xa + w1 * xb + w2 * xc + w3 * xd
+        _act_store(p_y, t + 3, s_y, a, m_d, n_r, normed, p_r, s_r, m_h, NORM, EPS)
         x1, x2, x3 = xb, xc, xd
 
 
 @triton.jit
-def _da(x1, x2, x3, xt, dyt, w0, w1, w2, w3, normed, NORM: tl.constexpr, EPS: tl.constexpr):
+def _da(x1, x2, x3, xt, dyt, r, w0, w1, w2, w3, normed, NORM: tl.constexpr):
     """The pre-activation's gradient at a position, a recomputed from the four inputs: through the
-    head's L2 norm where `normed` (y = s·r, r = 1/sqrt(sum s^2 + eps): ds = r·(dy − y·sum(dy·y))),
-    then SiLU's: ds · SiLU'(a)."""
+    head's L2 norm where `normed` (y = s·r with the forward's r = 1/sqrt(sum s^2 + eps): ds = r·(dy −
+    y·sum(dy·y))), then SiLU's: ds · SiLU'(a)."""
     a = w0 * x1 + w1 * x2 + w2 * x3 + w3 * xt
     sig = tl.sigmoid(a)
     if NORM:
-        s = a * sig
-        r = 1 / tl.sqrt(tl.sum(s * s, 1) + EPS)
-        yn = s * r[:, None]
+        yn = a * sig * r[:, None]
         dyt = tl.where(normed, (dyt - yn * tl.sum(dyt * yn, 1)[:, None]) * r[:, None], dyt)
     return dyt * sig * (1 + a * (1 - sig))
 
@@ -138,12 +147,12 @@ def _store_dx(p, u, s, du, m_d, t0, L, n):
 
 @triton.jit
 def _bwd_kernel(
-    x, w, dy0, dy1, dy2, dx, dw, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr,
+    x, w, rstd, dy0, dy1, dy2, dx, dw, B, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr,
     NB: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, DIL: tl.constexpr, NORM: tl.constexpr,
-    EPS: tl.constexpr, NS: tl.constexpr,
+    NS: tl.constexpr,
 ):  # fmt: skip
     i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, o_c, m_d = _block(i_d, NB, C, G, HD)
+    i_n, o_c, m_d, o_h, m_h = _block(i_d, NB, C, G, HD)
     normed = i_n < NORM
     dy = dy0  # conv i_n's output gradient: one of three tensors
     if i_n == 1:
@@ -156,7 +165,9 @@ def _bwd_kernel(
     p_x = x + i_b.to(tl.int64) * stride_x_b + r * stride_x_t + i_n * C + o_c
     p_dy = dy + (i_b.to(tl.int64) * T + r) * C + o_c
     p_dx = dx + i_b.to(tl.int64) * stride_dx_b + r * stride_dx_t + i_n * C + o_c
-    s_x, s_dy, s_dx = stride_x_t * DIL, C * DIL, stride_dx_t * DIL
+    p_r = rstd + ((i_n * B + i_b).to(tl.int64) * T + r) * (C // HD) + o_h  # as in _fwd_kernel
+    s_x, s_dy, s_dx, s_r = stride_x_t * DIL, C * DIL, stride_dx_t * DIL, (C // HD) * DIL
+    m_r = m_h & normed
     t0 = i_t * L
     x1 = _load(p_x, t0 - 3, s_x, m_d, n_r)
     x2 = _load(p_x, t0 - 2, s_x, m_d, n_r)
@@ -169,6 +180,7 @@ def _bwd_kernel(
     g1 = tl.zeros((G, HD), dtype=tl.float32)
     g2 = tl.zeros((G, HD), dtype=tl.float32)
     g3 = tl.zeros((G, HD), dtype=tl.float32)
+    r0 = tl.zeros((G,), dtype=tl.float32)  # the heads' 1/norm where not normalised (unused)
     # dx[u] needs da[u .. u + 3]: walk the positions t0 .. t0 + L + 3 (one more, masked), four an
     # iteration as in _fwd_kernel, and write dx three positions behind.
     for t in tl.range(t0, t0 + L + 4, 4, num_stages=NS):
@@ -180,10 +192,16 @@ def _bwd_kernel(
         yb = _load(p_dy, t + 1, s_dy, m_d, n_r)
         yc = _load(p_dy, t + 2, s_dy, m_d, n_r)
         yd = _load(p_dy, t + 3, s_dy, m_d, n_r)
-        da = _da(x1, x2, x3, xa, ya, w0, w1, w2, w3, normed, NORM, EPS)
-        db = _da(x2, x3, xa, xb, yb, w0, w1, w2, w3, normed, NORM, EPS)
-        dc = _da(x3, xa, xb, xc, yc, w0, w1, w2, w3, normed, NORM, EPS)
-        dd = _da(xa, xb, xc, xd, yd, w0, w1, w2, w3, normed, NORM, EPS)
+        ra, rb, rc, rd = r0, r0, r0, r0
+        if NORM:
+            ra = _load(p_r, t, s_r, m_r, n_r)
+            rb = _load(p_r, t + 1, s_r, m_r, n_r)
+            rc = _load(p_r, t + 2, s_r, m_r, n_r)
+            rd = _load(p_r, t + 3, s_r, m_r, n_r)
+        da = _da(x1, x2, x3, xa, ya, ra, w0, w1, w2, w3, normed, NORM)
+        db = _da(x2, x3, xa, xb, yb, rb, w0, w1, w2, w3, normed, NORM)
+        dc = _da(x3, xa, xb, xc, yc, rc, w0, w1, w2, w3, normed, NORM)
+        dd = _da(xa, xb, xc, xd, yd, rd, w0, w1, w2, w3, normed, NORM)
         _store_dx(p_dx, t - 3, s_dx, w0 * da + w1 * d1 + w2 * d2 + w3 * d3, m_d, t0, L, n_r)
         _store_dx(p_dx, t - 2, s_dx, w0 * db + w1 * da + w2 * d1 + w3 * d2, m_d, t0, L, n_r)
         _store_dx(p_dx, t - 1, s_dx, w0 * dc + w1 * db + w2 * da + w3 * d1, m_d, t0, L, n_r)
@@ -236,19 +254,21 @@ def forward(
     norm: int = 0,
     head: int = 0,
     blocks: tuple[int, int, int, int] | None = None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """SiLU(causal depthwise conv i of x's channels [i·C, (i+1)·C) with weight[i·C:(i+1)·C], taps `dilation`
-    apart) for i < n, the first `norm` of them L2-normalised over each `head` channels: [n, B, T, C] in x's
-    dtype, contiguous."""
+    apart) for i < n, the first `norm` of them L2-normalised over each `head` channels: (y [n, B, T, C] in
+    x's dtype, contiguous; the normalised heads' 1 / norm [norm, B, T, C / head] fp32 for `backward`, or
+    None without `norm`)."""
     B, T, _ = x.shape
     L, BD, num_warps, stages = blocks or (NORM_FWD_BLOCKS if norm else FWD_BLOCKS)
     C, G, HD, NB, grid = _layout(x, weight, n, norm, head, BD, L, dilation)
     y = torch.empty(n, B, T, C, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(norm, B, T, C // HD, dtype=torch.float32, device=x.device) if norm else None
     _fwd_kernel[grid](
-        x, _taps_of(weight), y, B, T, x.stride(0), x.stride(1), C=C, NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm,
-        EPS=NORM_EPS, NS=stages, num_warps=num_warps,
+        x, _taps_of(weight), y, y if rstd is None else rstd, B, T, x.stride(0), x.stride(1), C=C, NB=NB, G=G, HD=HD,
+        L=L, DIL=dilation, NORM=norm, EPS=NORM_EPS, NS=stages, num_warps=num_warps,
     )  # fmt: skip
-    return y
+    return y, rstd
 
 
 def backward(
@@ -259,20 +279,24 @@ def backward(
     dilation: int = 1,
     norm: int = 0,
     head: int = 0,
+    rstd: torch.Tensor | None = None,
     blocks: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
-    """`forward`'s backward for the output gradients `dys` (one [B, T, C] per conv): writes the input's
-    gradient into dx[..., :n·C] (dx shaped as x, unit stride over channels); returns the weight's [n·C, W]."""
+    """`forward`'s backward for the output gradients `dys` (one [B, T, C] per conv) and, with `norm`, the
+    forward's `rstd`: writes the input's gradient into dx[..., :n·C] (dx shaped as x, unit stride over
+    channels); returns the weight's [n·C, W]."""
     n = len(dys)
     B, T, _ = x.shape
     L, BD, num_warps, stages = blocks or (NORM_BWD_BLOCKS if norm else BWD_BLOCKS)
     C, G, HD, NB, grid = _layout(x, weight, n, norm, head, BD, L, dilation)
     assert all(dy.is_contiguous() and dy.shape == (B, T, C) for dy in dys) and dx.stride(-1) == 1, dx.stride()
     assert dx.shape == x.shape, (dx.shape, x.shape)
+    assert (rstd is not None) == bool(norm) and (rstd is None or rstd.shape == (norm, B, T, C // HD)), norm
     parts = torch.empty(grid[2] * grid[1], n * C, TAPS, dtype=torch.float32, device=x.device)
     dy0, dy1, dy2 = (*dys, *dys[:1] * (MAX_CONVS - n))
     _bwd_kernel[grid](
-        x, _taps_of(weight), dy0, dy1, dy2, dx, parts, T, x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), C=C,
-        NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm, EPS=NORM_EPS, NS=stages, num_warps=num_warps,
+        x, _taps_of(weight), dx if rstd is None else rstd, dy0, dy1, dy2, dx, parts, B, T, x.stride(0), x.stride(1),
+        dx.stride(0), dx.stride(1), C=C, NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm, NS=stages,
+        num_warps=num_warps,
     )  # fmt: skip
     return parts.sum(0)[:, TAPS - weight.shape[1] :].to(weight.dtype)

@@ -58,7 +58,7 @@ def test_kernels_against_float64(shape, dtype, width, dilation):
     x = wide[..., C : 2 * C]  # a slice, as q, k, v of the packed projection
     w = (0.5 * torch.randn(C, width, generator=gen)).cuda()
     dy = torch.randn(B, T, C, generator=gen).to(dtype).cuda()
-    y = kernels.forward(x, w, dilation=dilation)[0]
+    y = kernels.forward(x, w, dilation=dilation)[0][0]
     dx = torch.empty_like(dy)
     dw = kernels.backward(x, w, (dy,), dx, dilation)
     y_ref, dx_ref, dw_ref = reference(x, w, dy, dilation)
@@ -72,17 +72,22 @@ def test_kernels_against_float64(shape, dtype, width, dilation):
 
 def packed_reference(wide, w, dys, norm, head):
     """float64 q, k, v: SiLU(conv) of wide's three C-channel slices, the first `norm` L2-normalised over each
-    `head` channels (fla's form); the gradients of wide's 3C channels and of w [3C, W] by autograd."""
+    `head` channels (fla's form); the gradients of wide's 3C channels and of w [3C, W] by autograd; the
+    normalised heads' 1 / norm [norm, B, T, C / head]."""
     C = w.shape[0] // 3
     xd, wd = wide[..., : 3 * C].detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    ys = []
+    ys, rstds = [], []
     for i in range(3):
         xi = F.pad(xd[..., i * C : (i + 1) * C].transpose(1, 2), (w.shape[1] - 1, 0))
         y = F.silu(F.conv1d(xi, wd[i * C : (i + 1) * C, None], groups=C)).transpose(1, 2)
-        ys.append(l2norm(y.unflatten(-1, (-1, head))).flatten(-2) if i < norm else y)
+        if i < norm:
+            heads = y.unflatten(-1, (-1, head))
+            rstds.append(torch.rsqrt(heads.detach().square().sum(-1) + kernels.NORM_EPS))
+            y = l2norm(heads).flatten(-2)
+        ys.append(y)
     y = torch.stack(ys)
     y.backward(torch.stack(dys).double())
-    return y.detach(), xd.grad, wd.grad
+    return y.detach(), xd.grad, wd.grad, torch.stack(rstds)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -95,16 +100,19 @@ def test_packed_kernels_normalising_q_and_k_against_float64(shape, head, dtype):
     wide = torch.randn(B, T, 3 * C + 40, generator=gen).to(dtype).cuda()
     w = (0.5 * torch.randn(3 * C, 4, generator=gen)).cuda()
     dys = tuple(torch.randn(B, T, C, generator=gen).to(dtype).cuda() for _ in range(3))
-    y = kernels.forward(wide, w, 3, 1, 2, head)
+    y, rstd = kernels.forward(wide, w, 3, 1, 2, head)
     dx = torch.zeros_like(wide)
-    dw = kernels.backward(wide, w, dys, dx, 1, 2, head)
-    y_ref, dx_ref, dw_ref = packed_reference(wide, w, dys, 2, head)
+    dw = kernels.backward(wide, w, dys, dx, 1, 2, head, rstd)
+    y_ref, dx_ref, dw_ref, rstd_ref = packed_reference(wide, w, dys, 2, head)
     measured = {"y": rel(y, y_ref), "dx": rel(dx[..., : 3 * C], dx_ref), "dw": rel(dw, dw_ref)}
     print(f"{shape} head {head} {dtype}, max|d|/max|ref|: {measured}")
     assert y.shape == (3, B, T, C) and dw.shape == (3 * C, 4) and not dx[..., 3 * C :].any()
     assert all(m <= tol for m, tol in zip(measured.values(), TOL[dtype], strict=True)), measured
     dx_again = torch.zeros_like(wide)
-    assert torch.equal(kernels.backward(wide, w, dys, dx_again, 1, 2, head), dw) and torch.equal(dx_again, dx)
+    assert torch.equal(kernels.backward(wide, w, dys, dx_again, 1, 2, head, rstd), dw) and torch.equal(dx_again, dx)
+    # the heads' 1 / norm the forward kept for the backward (q's and k's) against float64
+    assert rstd.shape == (2, B, T, C // head) and rstd.dtype == torch.float32
+    assert rel(rstd, rstd_ref) <= 1e-5, rel(rstd, rstd_ref)
 
 
 def test_the_refusal_s_width_is_the_kernels_window():
