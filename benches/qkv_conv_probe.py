@@ -15,14 +15,9 @@ from conv_probe import median_ms
 
 from dormouse.model import short_conv_kernels as kernels
 
-FWD = (
-    (32, 128, 1, 3), (32, 128, 2, 3), (64, 128, 2, 2), (32, 256, 2, 3), (32, 256, 4, 3), (32, 64, 1, 3),
-    (16, 128, 1, 3),
-)  # fmt: skip
-BWD = (
-    (64, 128, 1, 2), (64, 128, 2, 2), (32, 128, 2, 2), (64, 256, 2, 2), (64, 256, 4, 2), (32, 256, 4, 2),
-    (64, 64, 1, 2), (32, 64, 1, 2), (128, 128, 2, 2), (32, 128, 1, 2),
-)  # fmt: skip
+# (positions, channels, warps, stages); session 21's calls 2 and 3 swept more (2-4 warps, 256 channels: slower)
+FWD = ((32, 128, 1, 3), (16, 128, 1, 3), (32, 64, 1, 3), (32, 256, 2, 3))
+BWD = ((64, 128, 1, 2), (64, 64, 1, 2), (32, 64, 1, 2), (16, 64, 1, 2), (128, 128, 2, 2))
 
 
 def main() -> None:
@@ -43,18 +38,23 @@ def main() -> None:
     dq32 = torch.randn(B, T, C, generator=gen).cuda()  # fla's dq, dk come out in fp32
     dx = torch.empty_like(packed)
 
+    def three_fwd():
+        return [kernels.forward(packed[..., i * C : (i + 1) * C], w[i * C : (i + 1) * C]) for i in range(3)]
+
+    def three_bwd():
+        for i in range(3):
+            part = slice(i * C, (i + 1) * C)
+            kernels.backward(packed[..., part], w[part], (dys[i],), dx[..., part])
+
     def before_fwd():
-        ys = [kernels.forward(packed[..., i * C : (i + 1) * C], w[i * C : (i + 1) * C])[0][0] for i in range(3)]
-        return [l2norm_fwd(y.view(B, T, -1, D)) for y in ys[:2]]
+        return [l2norm_fwd(y.view(B, T, -1, D)) for (y, _) in three_fwd()[:2]]
 
     (qn, q_rstd), (kn, k_rstd) = before_fwd()
 
     def before_bwd():
         for q, rstd in ((qn, q_rstd), (kn, k_rstd)):
             l2norm_bwd(q, rstd, dq32.view(B, T, -1, D))
-        for i in range(3):
-            part = slice(i * C, (i + 1) * C)
-            kernels.backward(packed[..., part], w[part], (dys[i],), dx[..., part])
+        three_bwd()
 
     def cast():  # what fla's backward does to dq and dk without its in-kernel norm
         return dq32.to(torch.bfloat16), dq32.to(torch.bfloat16)
@@ -64,6 +64,10 @@ def main() -> None:
         f"before: 3 conv launches + fla l2norm on q, k: fwd {median_ms(before_fwd) * 1e3:6.1f} us, "
         f"bwd {median_ms(before_bwd) * 1e3:6.1f} us (fla's l2norm bwd includes the bf16 rounding of dq, dk)"
     )
+    print(f"no norm: 3 launches fwd {median_ms(three_fwd) * 1e3:6.1f} us, bwd {median_ms(three_bwd) * 1e3:6.1f} us")
+    one_fwd = functools.partial(kernels.forward, packed, w, 3)
+    one_bwd = functools.partial(kernels.backward, packed, w, dys, dx)
+    print(f"no norm: 1 launch fwd {median_ms(one_fwd) * 1e3:6.1f} us, bwd {median_ms(one_bwd) * 1e3:6.1f} us")
     print(f"fla's dq, dk rounded to bf16 without its norm (the cast in its backward): {median_ms(cast) * 1e3:6.1f} us")
     _, rstd = kernels.forward(packed, w, 3, 1, 2, D)
     for blocks in FWD:

@@ -43,9 +43,10 @@ TAPS = 4
 FWD_BLOCKS = (32, 128, 1, 3)
 BWD_BLOCKS = (64, 128, 1, 2)
 # The same with q and k L2-normalised inside (a row sum a position each way): the fastest of the sweep
-# of benches/qkv_conv_probe.py (session 21's call 2).
-NORM_FWD_BLOCKS = (32, 256, 2, 3)
-NORM_BWD_BLOCKS = (128, 128, 2, 2)
+# of benches/qkv_conv_probe.py (session 21's call 3; its call 2's choice, 32x256 forward on 2 warps,
+# was 17 us slower there).
+NORM_FWD_BLOCKS = FWD_BLOCKS
+NORM_BWD_BLOCKS = (32, 64, 1, 2)
 NORM_EPS = 1e-6  # fla's l2norm's (and model/kda.py's l2norm's): x / sqrt(sum(x^2) + eps)
 MAX_CONVS = 3  # the backward takes up to three gradients' pointers (q, k, v)
 
