@@ -9,8 +9,11 @@ fused on CUDA, plain elsewhere); the model sets the configured name on every Sho
 (`check_fused_width`), never run another way.
 
 Under autograd the KDA layer convolves q, k and v as three slices of its one packed projection
-(`convolve_packed`): on the fused path one autograd Function writes their gradients, and the rest of the
-projection's, into one tensor shaped as the projection, so its backward needs no cat of six gradients.
+(`convolve_packed`): on the fused path one autograd Function runs the three in one kernel launch each way
+and writes their gradients, and the rest of the projection's, into one tensor shaped as the projection, so
+its backward needs no cat of six gradients. The launch also L2-normalises q and k over each head (fla's
+l2norm, which chunk_kda would otherwise run on them: the layer then tells fla not to), keeping each head's
+1 / norm for the backward.
 
 The fused path covers every forward that starts with no carried state: training, evaluation, a
 prompt's prefill. A decode step, which starts from the state, runs the plain path whatever the backend
