@@ -446,10 +446,12 @@ def test_prep_in_kernel_hands_fla_the_raw_inputs_it_documents(monkeypatch, lower
         assert rel(p.grad, p_ref.grad) <= 1e-6, name
 
 
-def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeypatch):
+@pytest.mark.parametrize("K", [8, 6], ids=["head8", "head6"])
+def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeypatch, K):
     # With the conv kernels fused (their float64 stand-in), the packed convs L2-normalise q and k inside
     # the conv launch: fla is handed use_qk_l2norm_in_kernel off, and the layer's output and every
-    # parameter's gradient still equal the chunked form's (a second norm or none would not).
+    # parameter's gradient still equal the chunked form's (a second norm or none would not). A head
+    # that is not a power of two (the kernels' channel blocks are whole heads) leaves the norm to fla.
     flags = []
 
     def fla_recording(*args, **kw):
@@ -457,7 +459,7 @@ def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeyp
         return fla_as_documented(*args, **kw)
 
     x = torch.randn(2, 70, 32, dtype=torch.float64, generator=rng.generator(0, 0, "test"))
-    ref_layer = make_layer(backend="chunked").double()
+    ref_layer = make_layer(K=K, backend="chunked").double()
     ref = ref_layer(x)
     ref.square().sum().backward()
     monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (fla_recording, ""))
@@ -465,11 +467,13 @@ def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeyp
     monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
     monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
     StandInKernels.calls = []
-    layer = make_layer(backend="fla", fla_prep_in_kernel=True).double()
+    layer = make_layer(K=K, backend="fla", fla_prep_in_kernel=True).double()
     out = layer(x)
     out.square().sum().backward()
-    assert flags == [False] and [c[0] for c in StandInKernels.calls] == ["forward", "backward"]
-    assert StandInKernels.calls[0][-2:] == (2, layer.head_dim)  # q and k normalised over each head
+    normed_in_conv = K == 8
+    assert flags == [not normed_in_conv] and [c[0] for c in StandInKernels.calls] == ["forward", "backward"]
+    # q and k normalised over each head in the conv's launch, or neither
+    assert StandInKernels.calls[0][-2:] == ((2, K) if normed_in_conv else (0, K))
     assert rel(out, ref) <= 1e-8
     for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters(), strict=True):
         assert rel(p.grad, p_ref.grad) <= 1e-6, name
