@@ -432,13 +432,23 @@ def test_prep_in_kernel_hands_fla_the_raw_inputs_it_documents(monkeypatch, lower
     # with a stand-in that applies them as fla documents, the layer's output and every parameter's
     # gradient equal the chunked form's in float64, but for the gate's input rounded to fp32 (as fla
     # takes it: a wrong wiring is off by 1e-1, not 1e-7).
+    assert_fla_layer_equals_chunked(monkeypatch, fla_as_documented, gate_lower_bound=lower_bound)
+
+
+def assert_fla_layer_equals_chunked(monkeypatch, chunk_kda, fused_convs=False, **layer_kw):
+    """The layer on the fla backend with prep in kernel, fla's chunk_kda the stand-in `chunk_kda` (and
+    with `fused_convs` its convs on the fused path, their kernels tests/conv_stand_in.py's): its output
+    and every parameter's gradient equal the chunked form's, plain convs, in float64 (1e-8, 1e-6)."""
     x = torch.randn(2, 70, 32, dtype=torch.float64, generator=rng.generator(0, 0, "test"))
-    ref_layer = make_layer(gate_lower_bound=lower_bound, backend="chunked").double()
+    ref_layer = make_layer(backend="chunked", **layer_kw).double()
     ref = ref_layer(x)
     ref.square().sum().backward()
-    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (fla_as_documented, ""))
+    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (chunk_kda, ""))
     monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
-    layer = make_layer(gate_lower_bound=lower_bound, backend="fla", fla_prep_in_kernel=True).double()
+    if fused_convs:
+        monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
+        monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
+    layer = make_layer(backend="fla", fla_prep_in_kernel=True, **layer_kw).double()
     out = layer(x)
     out.square().sum().backward()
     assert rel(out, ref) <= 1e-8
@@ -458,25 +468,12 @@ def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeyp
         flags.append(kw["use_qk_l2norm_in_kernel"])
         return fla_as_documented(*args, **kw)
 
-    x = torch.randn(2, 70, 32, dtype=torch.float64, generator=rng.generator(0, 0, "test"))
-    ref_layer = make_layer(K=K, backend="chunked").double()
-    ref = ref_layer(x)
-    ref.square().sum().backward()
-    monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (fla_recording, ""))
-    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
-    monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
-    monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
     StandInKernels.calls = []
-    layer = make_layer(K=K, backend="fla", fla_prep_in_kernel=True).double()
-    out = layer(x)
-    out.square().sum().backward()
+    assert_fla_layer_equals_chunked(monkeypatch, fla_recording, fused_convs=True, K=K)
     normed_in_conv = K == 8
     assert flags == [not normed_in_conv] and [c[0] for c in StandInKernels.calls] == ["forward", "backward"]
     # q and k normalised over each head in the conv's launch, or neither
     assert StandInKernels.calls[0][-2:] == ((2, K) if normed_in_conv else (0, K))
-    assert rel(out, ref) <= 1e-8
-    for (name, p), p_ref in zip(layer.named_parameters(), ref_layer.parameters(), strict=True):
-        assert rel(p.grad, p_ref.grad) <= 1e-6, name
 
 
 def test_fla_options_leave_the_exact_forms_unchanged_and_need_a_bounded_gate():
