@@ -47,7 +47,7 @@ BWD_BLOCKS = (64, 128, 1, 2)
 # was 17 us slower there).
 NORM_FWD_BLOCKS = FWD_BLOCKS
 NORM_BWD_BLOCKS = (32, 64, 1, 2)
-NORM_EPS = 1e-6  # fla's l2norm's (and model/kda.py's l2norm's): x / sqrt(sum(x^2) + eps)
+NORM_EPS = 1e-6  # fla's l2norm's (and model/norm.py's l2norm's): x / sqrt(sum(x^2) + eps)
 MAX_CONVS = 3  # the backward takes up to three gradients' pointers (q, k, v)
 
 
