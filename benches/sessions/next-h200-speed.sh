@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Device call written in session 19 and run as session 20's call 1 (benches/logs/2026-12-04-h200-session20/), for the speed issue's open goal, batch 64 at
-# >= 1e6 tokens/s (session 19: 9.29e5, 35.29 ms; docs/performance.md, Next). Carry .whl, .gpu-data/ts-val,
-# .device-commit, .triton-cache and .base-tree (ab68ace: mkdir -p .base-tree/ab68ace && git archive
-# ab68ace dormouse | tar x -C .base-tree/ab68ace).
-#  1. The graphed step's GPU test after the SwiGLU kernels changed (10ff17a; not re-run in session 19).
-#  2. B 64 A/B interleaved three times: ab68ace against this commit (SwiGLU on dormouse's kernels: -0.66
-#     ms of kernels predicted; session 19's call 10 was within its machine's spread), then profiled.
-#  3. The cold start with this session's new Triton kernels (the unrolled and dilated conv, the SwiGLU):
-#     B 10 from an empty Triton cache (goal: first step within 60 s; 22.9 s in session 10).
+# Device call written in session 21 (not run: no device was lent for its call 5) for the speed issue's open
+# goal, batch 64 at >= 1e6 tokens/s (session 21: 9.54e5, 34.34 ms; docs/performance.md, Next). Carry .whl,
+# .gpu-data/ts-val, .device-commit, .triton-cache and .base-tree (7c1ea88: mkdir -p .base-tree/7c1ea88 &&
+# git archive 7c1ea88 dormouse | tar x -C .base-tree/7c1ea88); the tree with all of them must stay under
+# the device's 64 MiB (session 21's call 4 was refused with 37 MB of Triton cache: drop the cache then).
+#  1. The cold start with session 21's one-launch q/k/v conv (its kernels compile at the first step):
+#     B 10 from an empty Triton cache (goal: first step within 60 s; 29.1 s in session 20), then B 10 warm.
+#  2. The GPU tests of the conv and the graphed step at this commit.
+#  3. B 64 A/B interleaved three times on another machine: 7c1ea88 (session 20's end) against this commit.
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V"
 source benches/sessions/timed.sh
 export TRITON_CACHE_BACK=1
-cmds=("$(pytest_cmd gpu-graphed-step 150 tests/gpu/test_graphed_step.py)")
+cmds=("$(timed cold-b10 "TRITON_CACHE_DIR=\$(mktemp -d) python3 -m dormouse bench $S --batch-size 10 --note 'batch 10, empty Triton cache (cold start)'")")
+cmds+=("$(timed warm-b10 "python3 -m dormouse bench $S --batch-size 10 --note 'batch 10'")")
+cmds+=("$(pytest_cmd gpu-conv-graphed 300 tests/gpu/test_conv_fused.py tests/gpu/test_graphed_step.py)")
 interleaved 3 \
-  b64-ab68ace "$(base_bench ab68ace) --batch-size 64 --note 'batch 64, ab68ace (fla SwiGLU), round \$round of 3'" \
-  b64-head "python3 -m dormouse bench $S --batch-size 64 --note 'batch 64, SwiGLU on dormouse kernels, round \$round of 3'"
-cmds+=("$(timed profile-b64 "python3 -m dormouse bench $S --batch-size 64 --profile 3 --note 'batch 64, profiled'" 'ms_per_step|Error|device busy|device idle|longest')")
-cmds+=("$(timed cold-b10 "TRITON_CACHE_DIR=\$(mktemp -d) python3 -m dormouse bench $S --batch-size 10 --note 'batch 10, empty Triton cache (cold start)'")")
+  b64-7c1ea88 "$(base_bench 7c1ea88) --batch-size 64 --note 'batch 64, 7c1ea88 (session 20 end), round \$round of 3'" \
+  b64-head "python3 -m dormouse bench $S --batch-size 64 --note 'batch 64, round \$round of 3'"
 exec bash benches/gpu_session.sh "${cmds[@]}"
