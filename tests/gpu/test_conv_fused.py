@@ -23,12 +23,11 @@ kernels, why = short_conv.fused_kernels()
 if kernels is None:
     pytest.skip(f"needs Triton (extra `gpu`): {why}", allow_module_level=True)
 
-import torch.nn.functional as F  # noqa: E402
+from conv_stand_in import StandInKernels  # noqa: E402 (tests/conv_stand_in.py)
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
-from dormouse.model.norm import l2norm  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (2.0**-8, 2.0**-8, 1e-5)}  # (y, dx, dw)
 
@@ -38,11 +37,10 @@ def rel(x, ref):
 
 
 def reference(x, w, dy, dilation=1):
-    """float64 SiLU(causal depthwise conv), its input's and weight's gradients by autograd."""
+    """float64 SiLU(causal depthwise conv) (tests/conv_stand_in.py's), its input's and weight's gradients by
+    autograd."""
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    xp = F.pad(xd.transpose(1, 2), ((w.shape[1] - 1) * dilation, 0))
-    a = F.conv1d(xp, wd[:, None], groups=w.shape[0], dilation=dilation)
-    y = F.silu(a).transpose(1, 2)
+    y = StandInKernels.conv(xd, wd, 1, dilation, 0, 0)[0]
     y.backward(dy.double())
     return y.detach(), xd.grad, wd.grad
 
@@ -72,22 +70,15 @@ def test_kernels_against_float64(shape, dtype, width, dilation):
 
 def packed_reference(wide, w, dys, norm, head):
     """float64 q, k, v: SiLU(conv) of wide's three C-channel slices, the first `norm` L2-normalised over each
-    `head` channels (fla's form); the gradients of wide's 3C channels and of w [3C, W] by autograd; the
-    normalised heads' 1 / norm [norm, B, T, C / head]."""
+    `head` channels (tests/conv_stand_in.py's); the gradients of wide's 3C channels and of w [3C, W] by
+    autograd; the normalised heads' 1 / norm [norm, B, T, C / head]."""
     C = w.shape[0] // 3
     xd, wd = wide[..., : 3 * C].detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    ys, rstds = [], []
-    for i in range(3):
-        xi = F.pad(xd[..., i * C : (i + 1) * C].transpose(1, 2), (w.shape[1] - 1, 0))
-        y = F.silu(F.conv1d(xi, wd[i * C : (i + 1) * C, None], groups=C)).transpose(1, 2)
-        if i < norm:
-            heads = y.unflatten(-1, (-1, head))
-            rstds.append(torch.rsqrt(heads.detach().square().sum(-1) + kernels.NORM_EPS))
-            y = l2norm(heads).flatten(-2)
-        ys.append(y)
-    y = torch.stack(ys)
+    y = StandInKernels.conv(xd, wd, 3, 1, norm, head)
     y.backward(torch.stack(dys).double())
-    return y.detach(), xd.grad, wd.grad, torch.stack(rstds)
+    silu = StandInKernels.conv(xd.detach()[..., : norm * C], wd.detach()[: norm * C], norm, 1, 0, head)
+    rstd = torch.rsqrt(silu.unflatten(-1, (-1, head)).square().sum(-1) + kernels.NORM_EPS)
+    return y.detach(), xd.grad, wd.grad, rstd
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
