@@ -102,7 +102,8 @@ def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused, norm):
         set_conv_backend(torch.nn.ModuleList(convs), backend)
         h = h0.clone().requires_grad_()
         counters.CONV.reset()
-        *outs, rest = short_conv.convolve_packed(h, convs, norm=norm, head=head)
+        *outs, rest = short_conv.convolve_packed(h, convs, (2,), norm=norm, head=head)
+        assert rest.data_ptr() == h.data_ptr() + 3 * C * h.element_size()  # a view, not a copy
         assert (counters.CONV.fused, counters.CONV.calls) == ((3 if backend == "fused" else 0), 3)
         sum((o * dy).sum() for o, dy in zip(outs, dys, strict=True)).add((rest * drest).sum()).backward()
         results.append((*outs, rest, h.grad, *(c.weight.grad for c in convs)))

@@ -422,8 +422,8 @@ class KDALayer(nn.Module):
             h = packed(x, linears)
             # The fused conv kernels normalise q and k too (one launch each way, no norm kernels)
             fuse_norm = all(conv.is_fused(h.device) for conv in convs) and _is_power_of_two(self.head_dim)
-            q, k, v, rest = convolve_packed(h, convs, norm=2 if fuse_norm else 0, head=self.head_dim)
-            f_low, b, g_low = rest.split([lin.out_features for lin in linears[3:]], dim=-1)
+            rest = tuple(lin.out_features for lin in linears[3:])
+            q, k, v, f_low, b, g_low = convolve_packed(h, convs, rest, norm=2 if fuse_norm else 0, head=self.head_dim)
             HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
             tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
             return q, k, v, f_low, b, g_low, tails, fuse_norm

@@ -113,46 +113,56 @@ class ShortConv(FusableConv):
 
 
 def convolve_packed(
-    packed: torch.Tensor, convs: tuple[ShortConv, ...], norm: int = 0, head: int = 0
+    packed: torch.Tensor, convs: tuple[ShortConv, ...], rest: tuple[int, ...], norm: int = 0, head: int = 0
 ) -> tuple[torch.Tensor, ...]:
     """Each conv of `convs` (C channels each) on its slice of `packed` [B, T, N], in order from channel 0,
     from the sequence's start, the first `norm` outputs L2-normalised over each `head` channels (fla's
-    form, `norm.l2norm`): (each conv's output, the remaining N - n·C channels)."""
-    C = convs[0].weight.shape[0]
+    form, `norm.l2norm`): (each conv's output, then the remaining N - n·C channels split by the widths
+    `rest`, as views of `packed`)."""
+    C, n = convs[0].weight.shape[0], len(convs)
     if not all(conv.is_fused(packed.device) for conv in convs):  # each conv's call counts itself
-        *parts, rest = packed.split([C] * len(convs) + [packed.shape[-1] - len(convs) * C], dim=-1)
+        *parts, rest_parts = packed.split([C] * n + [packed.shape[-1] - n * C], dim=-1)
         outs = [conv(part, None)[0] for conv, part in zip(convs, parts, strict=True)]
         for i in range(norm):
             outs[i] = l2norm(outs[i].unflatten(-1, (-1, head))).flatten(-2).to(outs[i].dtype)
-        return (*outs, rest)
+        return (*outs, *rest_parts.split(rest, dim=-1))
     for _ in convs:
         counters.CONV.record(fused=True)
-    return fused_convs(packed, tuple(conv.weight.view(C, -1) for conv in convs), norm=norm, head=head)
+    return fused_convs(packed, tuple(conv.weight.view(C, -1) for conv in convs), rest=rest, norm=norm, head=head)
 
 
 @torch.compiler.disable  # Triton launches, called eagerly under torch.compile (as fla_kernels._opaque)
 def fused_convs(
-    packed: torch.Tensor, weights: tuple[torch.Tensor, ...], dilation: int = 1, norm: int = 0, head: int = 0
+    packed: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    dilation: int = 1,
+    rest: tuple[int, ...] = (),
+    norm: int = 0,
+    head: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     """The fused path of `convolve_packed`, weights [C, W] each, taps `dilation` apart: (each conv's
-    output, the rest, copied)."""
-    return _FusedConvs.apply(packed, dilation, norm, head, *weights)
+    output, then the channels after them split by the widths `rest`, views of `packed`)."""
+    return _FusedConvs.apply(packed, dilation, rest, norm, head, *weights)
 
 
 class _FusedConvs(torch.autograd.Function):
     """SiLU(conv) of packed's first n·C channels, C at a time, in one kernel launch each way (the first
-    `norm` outputs L2-normalised inside it), and the rest of packed as a copy; the backward writes every
-    gradient into one tensor shaped as packed (no cat of n + 1 gradients)."""
+    `norm` outputs L2-normalised inside it), and the rest of packed's channels as views (no copy); the
+    backward writes every gradient into one tensor shaped as packed (no cat of the rest's gradients)."""
 
     @staticmethod
-    def forward(ctx, packed: torch.Tensor, dilation: int, norm: int, head: int, *weights: torch.Tensor):
+    def forward(
+        ctx, packed: torch.Tensor, dilation: int, rest: tuple[int, ...], norm: int, head: int, *weights: torch.Tensor
+    ):
         kernels, _ = fused_kernels()
         n = len(weights)
         weight = torch.cat(weights) if n > 1 else weights[0]  # [n·C, W]
+        if weight.shape[0] + sum(rest) != packed.shape[-1]:
+            raise ValueError(f"{n} convs of {weight.shape[0] // n} and the rest {rest} do not cover {packed.shape}")
         y, rstd = kernels.forward(packed, weight, n, dilation, norm, head)
         ctx.save_for_backward(packed, weight, rstd)
         ctx.conv = (n, dilation, norm, head)
-        return (*y.unbind(0), packed[..., weight.shape[0] :].contiguous())
+        return (*y.unbind(0), *packed[..., weight.shape[0] :].split(rest, dim=-1))
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
@@ -162,8 +172,11 @@ class _FusedConvs(torch.autograd.Function):
         dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
         dys = tuple(dy.contiguous() for dy in grads[:n])
         dweight = kernels.backward(packed, weight, dys, dpacked, dilation, norm, head, rstd)
-        dpacked[..., weight.shape[0] :].copy_(grads[n])
-        return (dpacked, None, None, None, *dweight.split(weight.shape[0] // n))
+        start = weight.shape[0]
+        for grad in grads[n:]:
+            dpacked[..., start : start + grad.shape[-1]].copy_(grad)
+            start += grad.shape[-1]
+        return (dpacked, None, None, None, None, *dweight.split(weight.shape[0] // n))
 
 
 def set_conv_backend(module: nn.Module, backend: str) -> None:

@@ -128,7 +128,7 @@ def test_packed_convs_fused_against_the_plain_path(norm):
         short_conv.set_conv_backend(torch.nn.ModuleList(convs), backend)
         h = h0.clone().requires_grad_()
         counters.CONV.reset()
-        *outs, rest = short_conv.convolve_packed(h, convs, norm=norm, head=64)
+        *outs, rest = short_conv.convolve_packed(h, convs, (40,), norm=norm, head=64)
         assert counters.CONV.fused == (3 if backend == "fused" else 0)
         loss = sum((o.float() * dy.float()).sum() for o, dy in zip(outs, dys, strict=True))
         (loss + (rest.float() * drest.float()).sum()).backward()
