@@ -257,6 +257,22 @@ def test_gaps_line_lists_the_longest_gaps_in_time_order_with_their_host_events()
     assert bench.gaps_line([(0, 10)], host).endswith("most): none")
 
 
+def test_phase_lines_sum_each_phases_kernels_and_list_its_largest():
+    # Two steps, µs. The update range holds a nested optimizer range: a kernel counts in the innermost.
+    phases = [("dormouse.replay", 0, 100), ("dormouse.update", 100, 200), ("Optimizer.step", 150, 200)]
+    phases += [("dormouse.replay", 300, 400), ("dormouse.update", 400, 500)]
+    kernels = [("kda", 0, 60), ("mm", 60, 90), ("kda", 300, 360), ("mm", 360, 390), ("norm", 100, 110)]
+    kernels += [("norm", 400, 410), ("adam", 150, 190), ("memset", 250, 254)]
+    assert bench.phase_lines(kernels, phases, steps=2) == [
+        "device time by phase (ms per step): dormouse.replay 0.09, Optimizer.step 0.02, dormouse.update 0.01, "
+        "(no phase) 0.00",
+        "  dormouse.replay: kda 0.060 (1x); mm 0.030 (1x)",
+        "  Optimizer.step: adam 0.020 (0.5x)",
+        "  dormouse.update: norm 0.010 (1x)",
+        "  (no phase): memset 0.002 (0.5x)",
+    ]
+
+
 def test_a_history_without_the_added_columns_is_extended_once(tmp_path):
     from dormouse.tools.history import read_history
 

@@ -1,11 +1,16 @@
 """project(): several bias-free Linears reading one input as one matmul."""
 
+from contextlib import nullcontext
+
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dormouse import rng
+from dormouse.model import model as model_module
 from dormouse.model import projections
 from dormouse.model.init import linear, normal_init_
+from dormouse.model.model import DormouseLM
 from dormouse.model.projections import project
 
 
@@ -80,3 +85,100 @@ def test_bf16_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32(m
     assert torch.allclose(lin.bias.grad.double(), dy.double().sum((0, 1)), rtol=2.0**-23, atol=1e-6)
     assert torch.allclose(lin.weight.grad.double(), torch.einsum("bto,bti->oi", dy.double(), x.double()), rtol=1e-6)
     assert torch.equal(x.grad, dy @ lin.weight.bfloat16())
+
+
+def _bf16_path_on_cpu(monkeypatch):
+    """The CUDA bf16 path on the CPU: its fp32-output matmuls stood in by fp64 products rounded to fp32."""
+    monkeypatch.setattr(projections, "bf16_matmul", lambda x: True)
+    monkeypatch.setattr(projections, "_mm_fp32", lambda a, b: (a.double() @ b.double()).float())
+    addmm = lambda c, a, b: torch.addmm(c.double(), a.double(), b.double()).float()  # noqa: E731
+    monkeypatch.setattr(projections, "_addmm_fp32", addmm)
+
+
+def _twice(lin, x, dy, shared: bool):
+    """lin applied twice in a row (as the looped block applies a layer) and the backward of dy, with the
+    applications sharing their cast or not: (the output, the profiler's events)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        if shared:
+            with projections.shared_casts():
+                y = projections.affine_of(projections.affine_of(x, lin), lin)
+        else:
+            y = projections.affine_of(projections.affine_of(x, lin), lin)
+        y.backward(dy)
+    return y, prof.events()
+
+
+def test_shared_casts_cast_a_group_once_and_sum_its_gradients_in_the_matmul(monkeypatch):
+    # Two applications of one Linear with a bias: shared, one cast of the weight (not two) and no add of
+    # two weight or bias gradients; the gradients are the fp64 sums of both applications' products to
+    # fp32 rounding, as the unshared path's (which adds two fp32-rounded products).
+    _bf16_path_on_cpu(monkeypatch)
+    gen = rng.generator(0, 0, "test")
+    lin = torch.nn.Linear(24, 24)
+    normal_init_(lin.weight, gen)
+    torch.nn.init.normal_(lin.bias, std=1.0, generator=gen)
+    x = torch.randn(3, 40, 24, generator=rng.generator(0, 1, "test")).bfloat16()
+    dy = torch.randn(3, 40, 24, generator=rng.generator(0, 2, "test")).bfloat16()
+    w, b = lin.weight.bfloat16().double(), lin.bias.bfloat16().double()
+    h = (x.double() @ w.T + b).bfloat16().double()  # the first application's output, in bf16
+    dh = (dy.double() @ w).bfloat16().double()  # its gradient, in bf16
+    dw_exact = torch.einsum("bto,bti->oi", dy.double(), h) + torch.einsum("bto,bti->oi", dh, x.double())
+    db_exact = dy.double().sum((0, 1)) + dh.sum((0, 1))
+    grads = {}
+    for shared in (False, True):
+        lin.weight.grad = lin.bias.grad = None
+        y, events = _twice(lin, x, dy, shared)
+        grads[shared] = lin.weight.grad, lin.bias.grad
+        casts = [e for e in events if e.name == "aten::cat" and e.input_shapes[0] == []]  # [W] as a list
+        adds = [e for e in events if e.name in ("aten::add", "aten::add_") and [24, 24] in e.input_shapes]
+        assert (len(casts), len(adds)) == ((1, 0) if shared else (2, 1))
+        assert torch.allclose(y.double(), (h @ w.T + b), rtol=2.0**-8, atol=0)
+        assert torch.allclose(lin.weight.grad.double(), dw_exact, rtol=1e-6, atol=1e-5)
+        assert torch.allclose(lin.bias.grad.double(), db_exact, rtol=1e-6, atol=1e-5)
+    assert not torch.equal(grads[True][0], grads[False][0])  # the sum rounded once, not twice
+
+
+def test_a_shared_group_whose_application_has_no_backward_raises_at_the_end_of_the_pass(monkeypatch):
+    _bf16_path_on_cpu(monkeypatch)
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(2, 5, 8, generator=rng.generator(0, 1, "test")).bfloat16()
+    with projections.shared_casts():
+        projections.linear_of(x, lin)  # its output never reaches the loss
+        y = projections.linear_of(x, lin)
+    with pytest.raises(RuntimeError, match="gradient would be lost"):
+        y.float().sum().backward()
+
+
+def test_applications_without_autograd_do_not_join_a_share(monkeypatch):
+    # An iteration outside --rand-depth-bptt's window runs without gradients: it must not count as an
+    # application whose backward the others wait for.
+    _bf16_path_on_cpu(monkeypatch)
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(2, 5, 8, generator=rng.generator(0, 1, "test")).bfloat16()
+    with projections.shared_casts():
+        with torch.no_grad():
+            h = projections.linear_of(x, lin)
+        y = projections.linear_of(h, lin)
+    y.float().sum().backward()
+    assert torch.allclose(lin.weight.grad.double(), torch.ones(10, 8).double().T @ h.double().reshape(10, 8))
+
+
+def test_the_looped_blocks_weight_gradients_with_shared_casts_are_the_unshared_ones_to_fp32_rounding(monkeypatch):
+    # A depth-2 model on the bf16 path (CPU stand-ins): the loop shares each layer's cast between its two
+    # applications. Every gradient matches the model without sharing to fp32 rounding (a lost
+    # application's gradient would be off by its whole size), and the block's weights show the one rounding.
+    from test_model import ids, tiny
+
+    _bf16_path_on_cpu(monkeypatch)
+    model = DormouseLM(tiny(depth=2))
+    x, y = ids(2, 24), ids(2, 24, step=1)
+    grads = {}
+    for shared in (False, True):
+        monkeypatch.setattr(model_module, "shared_casts", projections.shared_casts if shared else nullcontext)
+        model.zero_grad(set_to_none=True)
+        model(x, y).loss.backward()
+        grads[shared] = {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys()
+    for name, ref in grads[False].items():
+        assert torch.allclose(grads[True][name], ref, rtol=1e-5, atol=1e-6 * ref.abs().max()), name
+    assert not torch.equal(grads[True]["layers.0.ffn.w_down.weight"], grads[False]["layers.0.ffn.w_down.weight"])

@@ -38,6 +38,7 @@ from dormouse.model.kda import KDALayer
 from dormouse.model.loop import Branches, LoopPlan, MoRRouter, Stream, check_exit, top1_probability
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm, set_norm_backend
+from dormouse.model.projections import shared_casts
 from dormouse.model.short_conv import set_conv_backend
 
 VOCAB = 256
@@ -222,15 +223,16 @@ class DormouseLM(nn.Module):
         stream = Stream(e, self.attn_res)
         out = Trunk(h=e, caches=[], aux={}, engram=None, tails={}, iterations=0)
         router_bce = []
-        for r in range(plan.depth):
-            with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
-                bce = self._iteration(
-                    r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop
-                )
-            router_bce += [] if bce is None else [bce]
-            out.iterations = r + 1
-            if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
-                break
+        with shared_casts():  # each layer's bf16 weights cast once for all its applications
+            for r in range(plan.depth):
+                with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
+                    bce = self._iteration(
+                        r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop
+                    )
+                router_bce += [] if bce is None else [bce]
+                out.iterations = r + 1
+                if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
+                    break
         out.h = stream.input(-1)
         out.aux = {name: value / (out.iterations * len(self.layers)) for name, value in out.aux.items()}
         if router_bce:

@@ -807,13 +807,36 @@ def _profile_steps(step, first_step: int, n: int, device: torch.device) -> str:
     if device.type != "cuda":
         return tables
     # Kernels, copies and memsets; not the user annotations (an optimizer's range) that span kernels.
-    spans = [
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-    ]
+    device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    annotation = {id(e) for e in device if getattr(e, "is_user_annotation", False)}
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in device if id(e) not in annotation]
+    phases = [(e.name, e.time_range.start, e.time_range.end) for e in device if id(e) in annotation]
+    spans = [(start, end) for _, start, end in kernels]
     host = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CPU]
-    return f"{busy_line(spans, n, wall_us)}\n{idle_line(spans, host, n)}\n{gaps_line(spans, host)}\n{tables}"
+    lines = [busy_line(spans, n, wall_us), idle_line(spans, host, n), gaps_line(spans, host)]
+    return "\n".join([*lines, *phase_lines(kernels, phases, n), tables])
+
+
+def phase_lines(
+    kernels: list[tuple[str, float, float]], phases: list[tuple[str, float, float]], steps: int, top: int = 12
+) -> list[str]:
+    """The kernels' device time by the trainer's phase (the named ranges `dormouse.*` as the device ran
+    them), ms per step, and for each phase its `top` kernels by summed time: what a phase's time is
+    made of (the update's optimizers, say), which the whole step's tables mix with the replay's. A
+    kernel belongs to the innermost phase its start falls in; kernels in none go under "(no phase)"."""
+    by_phase: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for name, start, end in kernels:
+        inside = [(p_end - p_start, phase) for phase, p_start, p_end in phases if p_start <= start < p_end]
+        by_phase[min(inside)[1] if inside else "(no phase)"][name].append(end - start)
+    per = 1e-3 / steps
+    total = {phase: sum(map(sum, names.values())) for phase, names in by_phase.items()}
+    order = sorted(total, key=total.get, reverse=True)
+    lines = ["device time by phase (ms per step): " + ", ".join(f"{p} {total[p] * per:.2f}" for p in order)]
+    for phase in order:
+        names = sorted(by_phase[phase].items(), key=lambda item: -sum(item[1]))[:top]
+        parts = [f"{name[:60]} {sum(t) * per:.3f} ({len(t) / steps:g}x)" for name, t in names]
+        lines.append(f"  {phase}: " + "; ".join(parts))
+    return lines
 
 
 def _busy_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -3,6 +3,8 @@ own Linear: the output and the input's gradient bit for bit; the weights' gradie
 by the matmul, closer to the fp64 gradient than autocast's bf16-rounded one and within one bf16 rounding
 of it. Skipped without CUDA."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,7 @@ if not torch.cuda.is_available():
 
 from dormouse import rng  # noqa: E402
 from dormouse.model.init import linear, normal_init_  # noqa: E402
-from dormouse.model.projections import affine_of, linear_of, packed  # noqa: E402
+from dormouse.model.projections import affine_of, linear_of, packed, shared_casts  # noqa: E402
 
 
 def case(widths, d=512, tokens=(4, 256)):
@@ -83,3 +85,25 @@ def test_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32():
     print(f"bias gradient vs fp64, max|d|: fp32 matmul {err:.3e}, autocast {ref_err:.3e}")
     assert db.dtype == torch.float32 and err <= 1e-3
     assert torch.allclose(dw, lin.weight.grad, rtol=2.0**-7, atol=1e-3)
+
+
+def test_shared_casts_sum_two_applications_gradients_in_the_matmul():
+    # A Linear with a bias applied twice (as the looped block applies a layer) inside shared_casts: the
+    # outputs and the input's gradient bit for bit as without sharing (the same bf16 weights and
+    # matmuls), the weight's and bias's gradients summed by cuBLAS's addmm (fp32, bf16 operands) within
+    # fp32 rounding of the unshared sum of two fp32 products.
+    (lin,), x, dy = case((512,))
+    torch.nn.init.normal_(lin.bias, std=1.0)
+    runs = {}
+    for shared in (False, True):
+        xg = x.detach().clone().requires_grad_()
+        lin.weight.grad = lin.bias.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16), shared_casts() if shared else nullcontext():
+            y = affine_of(affine_of(xg, lin), lin)
+        y.backward(dy)
+        runs[shared] = y, xg.grad, lin.weight.grad, lin.bias.grad
+    (y0, dx0, dw0, db0), (y1, dx1, dw1, db1) = runs[False], runs[True]
+    assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
+    assert dw1.dtype == db1.dtype == torch.float32
+    for got, ref in ((dw1, dw0), (db1, db0)):
+        assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-6
