@@ -152,11 +152,6 @@ def fla_standins(mode: Inventory):
         product = torch.mm(am, bm, out_dtype=torch.float32)
         return _opaque(mode, lambda: torch.zeros(product.shape, dtype=product.dtype))()
 
-    def addmm_fp32(c, a, b):  # projections' c + a @ b in fp32 of bf16 operands, summing applications' gradients
-        cm, am, bm = _opaque(mode, lambda: (c.to("meta"), a.to("meta"), b.to("meta")))()
-        product = torch.addmm(cm, am, bm, out_dtype=torch.float32)
-        return _opaque(mode, lambda: torch.zeros(product.shape, dtype=product.dtype))()
-
     norm_ops = LayerNormOps()
     for name in ("layer_norm_fwd", "layer_norm_bwd"):
         setattr(norm_ops, name, _opaque(mode, getattr(LayerNormOps, name)))
@@ -169,7 +164,7 @@ def fla_standins(mode: Inventory):
     saved = {name: getattr(fla_kernels, name) for name in accessors}
     saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
     saved_add_norm, saved_swiglu = norm.add_norm_kernels, swiglu.fused_kernels
-    saved_matmul = projections.bf16_matmul, projections._mm_fp32, projections._addmm_fp32
+    saved_matmul = projections.bf16_matmul, projections._mm_fp32
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
     fused_or_plain.resolve = lambda requested, device, **_: "fused"
@@ -177,8 +172,7 @@ def fla_standins(mode: Inventory):
     short_conv.fused_kernels = lambda: (ConvKernels, "")
     norm.add_norm_kernels = lambda: (AddNormKernels, "")
     swiglu.fused_kernels = lambda: (SwigluKernels, "")
-    # the CUDA bf16 matmul path
-    projections.bf16_matmul, projections._mm_fp32, projections._addmm_fp32 = lambda x: True, mm_fp32, addmm_fp32
+    projections.bf16_matmul, projections._mm_fp32 = lambda x: True, mm_fp32  # the CUDA bf16 matmul path
     try:
         yield
     finally:
@@ -187,7 +181,7 @@ def fla_standins(mode: Inventory):
         fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
         short_conv.fused_kernels = saved_conv
         norm.add_norm_kernels, swiglu.fused_kernels = saved_add_norm, saved_swiglu
-        projections.bf16_matmul, projections._mm_fp32, projections._addmm_fp32 = saved_matmul
+        projections.bf16_matmul, projections._mm_fp32 = saved_matmul
 
 
 def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None, where: bool = False) -> Inventory:

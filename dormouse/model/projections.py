@@ -21,13 +21,12 @@ The output and the input's gradient are autocast's bit for bit (tests/gpu/test_p
 A Linear with a bias (`affine_of`) runs the same way, its bias added in the matmul and its gradient
 summed by one.
 
-The looped block applies each layer `depth` times a step. Inside `shared_casts()` (the model's loop
-under autograd) the applications of one weight group share its bf16 concatenation (made by the first)
-and its fp32 gradient: each backward but the last adds its product into the one before it inside the
-matmul (`addmm`), and the last returns the sum. As separate applications each cast the weights again
-and autograd summed their fp32 gradients in an add kernel of its own: at depth 2, 24 casts and 44
-adds a `small` step. An application whose backward never runs would lose the others' gradient: the
-end of the backward pass checks that every group's last backward ran, and raises otherwise.
+The looped block applies each layer `depth` times a step. Inside `shared_casts()` (around the model's
+loop) the applications of one weight group share its bf16 concatenation, made by the first: as separate
+applications each cast the weights again (24 cast kernels a `small` step at depth 2). The arithmetic is
+unchanged, bit for bit. Their fp32 weight gradients are still summed by autograd: adding the second into
+the first inside the matmul (`addmm`, beta 1) made cuBLAS choose split-K kernels with a reduction
+kernel of their own, as many launches as the adds it saved (H200, session 22's call 2 profile).
 """
 
 from contextlib import contextmanager
@@ -36,46 +35,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class _SharedCast:
-    """One weight group's applications inside `shared_casts()`: its bf16 concatenation, how many
-    applications ran forward (`uses`) and backward (`seen`), and the gradients summed so far."""
-
-    def __init__(self):
-        self.w: torch.Tensor | None = None
-        self.uses = self.seen = 0
-        self.dw: torch.Tensor | None = None
-        self.db: torch.Tensor | None = None
-
-
-_shares: dict[tuple[int, ...], _SharedCast] | None = None  # inside `shared_casts()`: weight group -> share
+_casts: dict[tuple[int, ...], torch.Tensor] | None = None  # inside `shared_casts()`: weight group -> bf16 cat
 
 
 @contextmanager
 def shared_casts():
-    """Within: the bf16 applications (`_Bf16Linear`) of one weight group that record gradients share its
-    cast and sum their weight gradients in the matmul (module docstring). Not under torch.compile, which
-    traces the Function (a Python-side share would not survive it): each application then stands alone."""
-    global _shares
-    outer = _shares
-    _shares = None if torch.compiler.is_compiling() else {}
+    """Within: the bf16 applications (`_Bf16Linear`) of one weight group share its concatenation into
+    bf16, made by the first (module docstring). Not under torch.compile, which traces the Function (a
+    Python-side cache would not survive it): there each application casts its own."""
+    global _casts
+    outer = _casts
+    _casts = None if torch.compiler.is_compiling() else {}
     try:
         yield
     finally:
-        _shares = outer
+        _casts = outer
 
 
-def _share_of(bias: torch.Tensor | None, weights: list[torch.Tensor]) -> _SharedCast | None:
-    if _shares is None or not torch.is_grad_enabled():
-        return None
-    return _shares.setdefault((id(bias), *map(id, weights)), _SharedCast())
+def _bf16_weights(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """cat(weights) in bf16 (the cast inside the copy); inside `shared_casts()` once per group."""
+    key = tuple(map(id, weights))
+    w = None if _casts is None else _casts.get(key)
+    if w is None:
+        rows = sum(t.shape[0] for t in weights)
+        w = torch.empty(rows, weights[0].shape[1], dtype=torch.bfloat16, device=weights[0].device)
+        torch.cat(weights, out=w)  # the cast inside the copy
+        if _casts is not None:
+            _casts[key] = w
+    return w
 
 
 def packed(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
     """x @ cat(weights).T: every (bias-free) Linear's output side by side in one tensor, in the order given."""
     weights = [lin.weight for lin in linears]
     if bf16_matmul(x):
-        return _Bf16Linear.apply(x, None, _share_of(None, weights), *weights)
+        return _Bf16Linear.apply(x, None, *weights)
     return F.linear(x, weights[0] if len(weights) == 1 else torch.cat(weights))
 
 
@@ -90,7 +84,7 @@ def affine_of(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
     rounding the product to bf16) and its gradient is the column sum of the output's gradient taken by a
     matmul, in fp32 (torch's sum over the rows of a [B·T, n] gradient ran at ~0.7 TB/s on the H200)."""
     if bf16_matmul(x):
-        return _Bf16Linear.apply(x, lin.bias, _share_of(lin.bias, [lin.weight]), lin.weight)
+        return _Bf16Linear.apply(x, lin.bias, lin.weight)
     return F.linear(x, lin.weight, lin.bias)
 
 
@@ -104,46 +98,16 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a, b, out_dtype=torch.float32)
 
 
-def _addmm_fp32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c + a @ b of an fp32 `c` and bf16 operands, in fp32, c added in the matmul (cuBLAS's beta)."""
-    return torch.addmm(c, a, b, out_dtype=torch.float32)
-
-
-def _weight_grad(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b in fp32, plus the gradient `acc` summed so far (None: the first)."""
-    return _mm_fp32(a, b) if acc is None else _addmm_fp32(acc, a, b)
-
-
-def _check_shared(share: _SharedCast) -> None:
-    """At the end of a backward pass: every application of `share`'s group ran its backward (else the
-    sum of their weight gradients was never returned)."""
-    seen, uses = share.seen, share.uses
-    share.seen, share.dw, share.db = 0, None, None  # ready for another backward of the same graph
-    if seen:
-        raise RuntimeError(
-            f"a weight group applied {uses} times in one forward (model/projections.py, shared_casts) had "
-            f"{seen} backward(s) when its pass ended: its weights' gradient would be lost"
-        )
-
-
 class _Bf16Linear(torch.autograd.Function):
     """x @ cat(weights).T (+ bias) in bf16 (CUDA, under bf16 autocast), the weights' and the bias's
     gradients in fp32 from matmuls."""
 
     @staticmethod
-    def forward(
-        ctx, x: torch.Tensor, bias: torch.Tensor | None, share: _SharedCast | None, *weights: torch.Tensor
-    ) -> torch.Tensor:
-        rows = [w.shape[0] for w in weights]
-        w = None if share is None else share.w
-        if w is None:
-            w = torch.empty(sum(rows), weights[0].shape[1], dtype=torch.bfloat16, device=x.device)
-            torch.cat(weights, out=w)  # the cast inside the copy
-        if share is not None:
-            share.w, share.uses = w, share.uses + 1
+    def forward(ctx, x: torch.Tensor, bias: torch.Tensor | None, *weights: torch.Tensor) -> torch.Tensor:
+        w = _bf16_weights(weights)
         x = x.to(torch.bfloat16)
         ctx.save_for_backward(x, w)
-        ctx.rows, ctx.has_bias, ctx.share = rows, bias is not None, share
+        ctx.rows, ctx.has_bias = [t.shape[0] for t in weights], bias is not None
         if bias is None:
             return F.linear(x, w)
         # reshape: a view for the projections' column slices too (their rows keep one stride)
@@ -156,17 +120,9 @@ class _Bf16Linear(torch.autograd.Function):
         dy = dy.to(torch.bfloat16)
         dx = dy @ w if ctx.needs_input_grad[0] else None
         dy = dy.reshape(-1, dy.shape[-1])
-        share = ctx.share or _SharedCast()
-        dw = _weight_grad(share.dw, dy.t(), x.reshape(-1, x.shape[-1]))
-        db = _weight_grad(share.db, dy.new_ones(1, dy.shape[0]), dy) if ctx.has_bias else None
-        share.seen += 1
-        if share.seen < share.uses:  # an earlier application's backward returns the sum
-            if share.seen == 1:
-                torch.autograd.Variable._execution_engine.queue_callback(lambda: _check_shared(share))
-            share.dw, share.db = dw, db
-            return dx, None, None, *(None for _ in ctx.rows)
-        share.seen, share.dw, share.db = 0, None, None
-        return dx, None if db is None else db.view(-1), None, *dw.split(ctx.rows)
+        dw = _mm_fp32(dy.t(), x.reshape(-1, x.shape[-1]))
+        db = _mm_fp32(dy.new_ones(1, dy.shape[0]), dy).view(-1) if ctx.has_bias else None
+        return dx, db, *dw.split(ctx.rows)
 
 
 def project(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:

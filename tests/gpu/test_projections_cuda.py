@@ -87,13 +87,11 @@ def test_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32():
     assert torch.allclose(dw, lin.weight.grad, rtol=2.0**-7, atol=1e-3)
 
 
-def test_shared_casts_sum_two_applications_gradients_in_the_matmul():
-    # A Linear with a bias applied twice (as the looped block applies a layer) inside shared_casts: the
-    # outputs and the input's gradient bit for bit as without sharing (the same bf16 weights and
-    # matmuls), the weight's and bias's gradients summed by cuBLAS's addmm (fp32, bf16 operands) within
-    # fp32 rounding of the unshared sum of two fp32 products.
-    (lin,), x, dy = case((512,))
-    torch.nn.init.normal_(lin.bias, std=1.0)
+def test_shared_casts_give_two_applications_the_unshared_bits():
+    # A Linear with a bias applied twice (as the looped block applies a layer) inside shared_casts: one
+    # cast of the weight for both, the outputs and every gradient bit for bit as without sharing.
+    _, x, dy = case((512,))
+    lin = torch.nn.Linear(512, 512).cuda()
     runs = {}
     for shared in (False, True):
         xg = x.detach().clone().requires_grad_()
@@ -102,8 +100,4 @@ def test_shared_casts_sum_two_applications_gradients_in_the_matmul():
             y = affine_of(affine_of(xg, lin), lin)
         y.backward(dy)
         runs[shared] = y, xg.grad, lin.weight.grad, lin.bias.grad
-    (y0, dx0, dw0, db0), (y1, dx1, dw1, db1) = runs[False], runs[True]
-    assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
-    assert dw1.dtype == db1.dtype == torch.float32
-    for got, ref in ((dw1, dw0), (db1, db0)):
-        assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-6
+    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True], strict=True))
