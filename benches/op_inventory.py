@@ -111,6 +111,18 @@ def fla_standins(mode: Inventory):
         extras = [options[n] for n in ("A_log", "dt_bias") if n in options]
         return Stand.apply(v, q, k, v, g, beta, *extras), None
 
+    class ChunkKDAParts:  # fla_kernels.chunk_kda_parts(): fla's forward and backward under kda_fla's Function
+        beta_sigmoid_fwd = staticmethod(_opaque(mode, lambda x: torch.zeros(x.shape)))
+        beta_sigmoid_bwd = staticmethod(_opaque(mode, lambda x, dy: torch.zeros_like(x)))
+        fwd = staticmethod(_opaque(mode, lambda q, k, v, *args, **kw: (torch.zeros_like(v), *(None,) * 11)))
+
+        @staticmethod
+        def _bwd(q, k, v, beta, *args, g_org, A_log, dt_bias, **kw):  # dq, dk, db, dg, dA, dbias in fp32
+            fp32 = [torch.zeros(t.shape) for t in (q, k, beta, g_org, A_log, dt_bias)]
+            return fp32[0], fp32[1], torch.zeros_like(v), fp32[2], fp32[3], None, fp32[4], fp32[5]
+
+        bwd = staticmethod(_opaque(mode, _bwd))
+
     def rms_norm(x, weight, bias, eps=1e-6):
         return Stand.apply(x, x, weight)
 
@@ -157,6 +169,7 @@ def fla_standins(mode: Inventory):
         setattr(norm_ops, name, _opaque(mode, getattr(LayerNormOps, name)))
     accessors = {
         "chunk_kda": lambda: (_opaque(mode, chunk_kda), ""),
+        "chunk_kda_parts": lambda: (ChunkKDAParts, ""),
         "rms_norm": lambda: (_opaque(mode, rms_norm), ""),
         "rms_norm_gated": lambda: (_opaque(mode, rms_norm_gated), ""),
         "layer_norm_ops": lambda: (norm_ops, ""),

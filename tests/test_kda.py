@@ -456,22 +456,67 @@ def assert_fla_layer_equals_chunked(monkeypatch, chunk_kda, fused_convs=False, *
         assert rel(p.grad, p_ref.grad) <= 1e-6, name
 
 
+class FlaPartsAsDocumented:
+    """A stand-in for fla's parts under chunk_kda (fla_kernels.ChunkKDAParts, kda_fla.py's Function):
+    `fwd` computes `fla_as_documented`'s function of the raw gate, `bwd` differentiates it by autograd,
+    the beta sigmoid is torch's; each call recorded."""
+
+    calls = []
+
+    @staticmethod
+    def beta_sigmoid_fwd(x):
+        return torch.sigmoid(x.to(torch.promote_types(x.dtype, torch.float32)))
+
+    @staticmethod
+    def beta_sigmoid_bwd(x, dy):
+        s = torch.sigmoid(x.to(dy.dtype))
+        return (dy * s * (1 - s)).to(x.dtype)
+
+    @staticmethod
+    def _o(q, k, v, g, beta, scale, chunk_size, A_log, dt_bias, lower_bound):
+        gate = {"use_gate_in_kernel": True, "A_log": A_log, "dt_bias": dt_bias, "lower_bound": lower_bound}
+        return fla_as_documented(q, k, v, g, beta, scale, chunk_size=chunk_size, **gate)[0]
+
+    @classmethod
+    def fwd(cls, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, **kw):
+        cls.calls.append(("fwd", initial_state, output_final_state, kw["use_gate_in_kernel"]))
+        o = cls._o(q, k, v, g, beta, scale, chunk_size, kw["A_log"], kw["dt_bias"], kw["lower_bound"])
+        return (o, *(None,) * 11)
+
+    @classmethod
+    def bwd(cls, q, k, v, beta, Aqk, Akk, scale, initial_state, do, dht, g, g_org, chunk_size, **kw):
+        cls.calls.append(("bwd", initial_state, dht, kw["use_gate_in_kernel"]))
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v, beta, g_org, kw["A_log"], kw["dt_bias"])]
+            q, k, v, beta, g_org, A_log, dt_bias = leaves
+            o = cls._o(q, k, v, g_org, beta, scale, chunk_size, A_log, dt_bias, kw["lower_bound"])
+            dq, dk, dv, db, dg, dA, dbias = torch.autograd.grad(o, leaves, do)
+        return dq, dk, dv, db, dg, None, dA, dbias
+
+
 @pytest.mark.parametrize("K", [8, 6], ids=["head8", "head6"])
 def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeypatch, K):
     # With the conv kernels fused (their float64 stand-in), the packed convs L2-normalise q and k inside
-    # the conv launch: fla is handed use_qk_l2norm_in_kernel off, and the layer's output and every
-    # parameter's gradient still equal the chunked form's (a second norm or none would not). A head
-    # that is not a power of two (the kernels' channel blocks are whole heads) leaves the norm to fla.
+    # the conv launch and hand out fp32 gradient sinks: fla's forward and backward run under kda_fla's
+    # Function (fla's chunk_kda not at all), q's and k's gradients reach the convs through the sinks, and
+    # the layer's output and every parameter's gradient still equal the chunked form's (a second norm or
+    # none would not, nor a gradient lost on the way). A head that is not a power of two (the kernels'
+    # channel blocks are whole heads) leaves the norm to fla's chunk_kda, told to apply it.
     flags = []
 
     def fla_recording(*args, **kw):
         flags.append(kw["use_qk_l2norm_in_kernel"])
         return fla_as_documented(*args, **kw)
 
-    StandInKernels.calls = []
+    StandInKernels.calls, FlaPartsAsDocumented.calls = [], []
+    monkeypatch.setattr(fla_kernels, "chunk_kda_parts", lambda: (FlaPartsAsDocumented, ""))
     assert_fla_layer_equals_chunked(monkeypatch, fla_recording, fused_convs=True, K=K)
     normed_in_conv = K == 8
-    assert flags == [not normed_in_conv] and [c[0] for c in StandInKernels.calls] == ["forward", "backward"]
+    assert [c[0] for c in StandInKernels.calls] == ["forward", "backward"]
+    if normed_in_conv:
+        assert flags == [] and FlaPartsAsDocumented.calls == [("fwd", None, False, True), ("bwd", None, None, True)]
+    else:
+        assert flags == [True] and FlaPartsAsDocumented.calls == []
     # q and k normalised over each head in the conv's launch, or neither
     assert StandInKernels.calls[0][-2:] == ((2, K) if normed_in_conv else (0, K))
 

@@ -114,6 +114,31 @@ def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused, norm):
     assert fused[1] == ("backward", (B, T, 3 * C + 2), (T * (3 * C + 2), 3 * C + 2, 1), 3, norm, head)
 
 
+def test_gradients_given_to_the_sinks_reach_the_kernels_in_fp32_unrounded(fused):
+    # bf16 q, k, v with two sinks: fp32, zero, zero-stride, shaped as q and k. q's gradient comes only
+    # through its sink, k's through both (summed), v's as its own: the kernels get q's and k's in fp32 as
+    # given (not rounded to bf16), v's in bf16, and the rest's gradient lands in the projection's.
+    gen = torch.Generator().manual_seed(5)
+    B, T, C = 2, 7, 4
+    h = torch.randn(B, T, 3 * C + 2, generator=gen).bfloat16().requires_grad_()
+    convs = tuple(make_conv(C, seed=s) for s in range(3))
+    set_conv_backend(torch.nn.ModuleList(convs), "fused")
+    q, k, v, rest, q_sink, k_sink = short_conv.convolve_packed(h, convs, (2,), norm=2, head=2, sinks=2)
+    assert q_sink.dtype == k_sink.dtype == torch.float32 and q_sink.shape == q.shape and q_sink.stride() == (0, 0, 0)
+    assert not q_sink.any()
+    dq, dk, dk_own = (torch.randn(B, T, C, generator=gen) for _ in range(3))
+    dv, drest = torch.randn(B, T, C, generator=gen).bfloat16(), torch.randn(B, T, 2, generator=gen).bfloat16()
+    loss = (q_sink * dq).sum() + (k_sink * dk).sum() + (k * dk_own.bfloat16()).sum() + (v * dv).sum()
+    (loss + (rest * drest).sum()).backward()
+    got_q, got_k, got_v = StandInKernels.last_dys
+    assert got_q.dtype == got_k.dtype == torch.float32 and got_v.dtype == torch.bfloat16
+    assert torch.equal(got_q, dq) and torch.equal(got_k, dk + dk_own.bfloat16()) and torch.equal(got_v, dv)
+    assert torch.equal(h.grad[..., 3 * C :], drest)
+    with pytest.raises(ValueError, match="sinks come with the fused conv kernels only"):
+        set_conv_backend(torch.nn.ModuleList(convs), "plain")
+        short_conv.convolve_packed(h, convs, (2,), norm=2, head=2, sinks=2)
+
+
 def test_a_conv_wider_than_the_kernels_is_refused_on_the_fused_path(fused):
     wide = make_conv(size=5)
     wide.backend = "fused"

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from dormouse import ledger
 
@@ -176,6 +177,29 @@ def pin_plain_autotuners() -> int:
 def chunk_kda() -> tuple[Callable | None, str]:
     """fla's chunk_kda, or None and why not. Opaque to torch.compile (see `_opaque`)."""
     return _opaque(*_import("fla.ops.kda", "chunk_kda"))
+
+
+class ChunkKDAParts(NamedTuple):
+    """fla's forward and backward behind `chunk_kda` and the beta sigmoid's kernels (model/kda_fla.py)."""
+
+    fwd: Callable
+    bwd: Callable
+    beta_sigmoid_fwd: Callable
+    beta_sigmoid_bwd: Callable
+
+
+@functools.cache
+def chunk_kda_parts() -> tuple[ChunkKDAParts | None, str]:
+    """fla's `chunk_kda_fwd`, `chunk_kda_bwd`, `fused_beta_sigmoid_fwd` and `fused_beta_sigmoid_bwd` (fla-core
+    0.6.0's functions under its `chunk_kda` Function), or None and why not."""
+    found = [
+        _import("fla.ops.kda.chunk_fwd", "chunk_kda_fwd"),
+        _import("fla.ops.kda.chunk_bwd", "chunk_kda_bwd"),
+        _import("fla.ops.common.gate", "fused_beta_sigmoid_fwd"),
+        _import("fla.ops.common.gate", "fused_beta_sigmoid_bwd"),
+    ]
+    missing = [why for fn, why in found if fn is None]
+    return (None, "; ".join(missing)) if missing else (ChunkKDAParts(*(fn for fn, _ in found)), "")
 
 
 @functools.cache

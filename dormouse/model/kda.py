@@ -22,6 +22,7 @@ from dormouse import counters, ledger
 from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.model import fla_kernels
 from dormouse.model.init import linear, normal_init_
+from dormouse.model.kda_fla import chunk_kda_sunk
 from dormouse.model.norm import GatedRMSNorm, l2norm
 from dormouse.model.projections import affine_of, linear_of, packed, project
 from dormouse.model.short_conv import ShortConv, conv_tail, convolve_packed
@@ -409,37 +410,64 @@ class KDALayer(nn.Module):
             return -A * F.softplus(f)
         return self.gate_lower_bound * torch.sigmoid(A * f)
 
-    def _project(self, x, cache):
+    def _project(self, x, cache, sinks: bool = False):
         """x's six projections, q, k and v through their short convs (continuing the cache's tails):
         (q, k, v, f_low, b, g_low, the convs' new tails or None without them, whether q and k are
-        L2-normalised already)."""
+        L2-normalised already, q's and k's fp32 gradient sinks or None). The sinks (short_conv.fused_convs)
+        come with the fused convs where `sinks` asks for them."""
         linears = (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a)
         if not self.short_conv:  # the convs end in SiLU; without them the projections get it here
             q, k, v, f_low, b, g_low = project(x, linears)
-            return F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low, None, False
+            return F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low, None, False, None
         convs = (self.q_conv, self.k_conv, self.v_conv)
         if cache is None and torch.is_grad_enabled():  # one projection, its q, k, v slices convolved
             h = packed(x, linears)
             # The fused conv kernels normalise q and k too (one launch each way, no norm kernels)
             fuse_norm = all(conv.is_fused(h.device) for conv in convs) and _is_power_of_two(self.head_dim)
+            n_sinks = 2 if fuse_norm and sinks else 0
             rest = tuple(lin.out_features for lin in linears[3:])
-            q, k, v, f_low, b, g_low = convolve_packed(h, convs, rest, norm=2 if fuse_norm else 0, head=self.head_dim)
+            outs = convolve_packed(h, convs, rest, norm=2 if fuse_norm else 0, head=self.head_dim, sinks=n_sinks)
+            q, k, v, f_low, b, g_low = outs[:6]
             HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
             tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
-            return q, k, v, f_low, b, g_low, tails, fuse_norm
+            return q, k, v, f_low, b, g_low, tails, fuse_norm, outs[6:] or None
         q, k, v, f_low, b, g_low = project(x, linears)
         states = (None, None, None) if cache is None else cache.conv
         (q, cq), (k, ck), (v, cv) = (conv(t, s) for conv, t, s in zip(convs, (q, k, v), states, strict=True))
-        return q, k, v, f_low, b, g_low, (cq, ck, cv), False
+        return q, k, v, f_low, b, g_low, (cq, ck, cv), False, None
 
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, k, v, f_low, b, g_low, conv_state, qk_normed = self._project(x, cache)
+        on_fla = self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla"
+        # Training on fla with the fused convs: fla's forward and backward under dormouse's Function, q's
+        # and k's gradients handed to the convs in fp32 (kda_fla.py)
+        q, k, v, f_low, b, g_low, conv_state, qk_normed, sinks = self._project(
+            x, cache, sinks=on_fla and not return_cache
+        )
         q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
         f = self._gate_input(f_low)
+        if sinks is not None:
+            o, state = self._kda_sunk(q, k, v, f, b, sinks), None
+        else:
+            o, state = self._kda(q, k, v, f, b, cache, backend, return_cache, on_fla, qk_normed)
+        o = self.o_norm(o, affine_of(g_low, self.g_b).view(B, T, H, K))
+        y = linear_of(o.flatten(2), self.o_proj)
+        return y, (KDACache(conv_state, state) if return_cache else None)
+
+    def _kda_sunk(self, q, k, v, f, b, sinks) -> torch.Tensor:
+        """fla's KDA of the fused convs' q, k, v with their gradients handed back in fp32 (kda_fla.py)."""
+        counters.KDA.record(fused=True)
+        options = self.fla_options | {"lower_bound": self.gate_lower_bound}
+        q_sink, k_sink = (t.view(q.shape) for t in sinks)
+        return chunk_kda_sunk(
+            q, k, v, f, b, self.A_log, self.dt_bias, q_sink, k_sink, chunk_size=self.chunk_size, options=options
+        )
+
+    def _kda(self, q, k, v, f, b, cache, backend, return_cache, on_fla, qk_normed):
+        """The mixer on the resolved backend (`kda`), its inputs prepared for it: (o, final state or None)."""
         options = self.fla_options
-        if self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla":
+        if on_fla:
             options = options | prep_in_kernel_options(
                 self.A_log, self.dt_bias, self.gate_lower_bound, qk_norm=not qk_normed
             )
@@ -454,7 +482,7 @@ class KDALayer(nn.Module):
             if not qk_normed:
                 q, k = l2norm(q).to(v.dtype), l2norm(k).to(v.dtype)
             g, beta = self._decay(f), torch.sigmoid(b.to(_compute_dtype(b)))
-        o, state = kda(
+        return kda(
             q,
             k,
             v,
@@ -466,6 +494,3 @@ class KDALayer(nn.Module):
             chunk_size=self.chunk_size,
             fla_options=options,
         )
-        o = self.o_norm(o, affine_of(g_low, self.g_b).view(B, T, H, K))
-        y = linear_of(o.flatten(2), self.o_proj)
-        return y, (KDACache(conv_state, state) if return_cache else None)

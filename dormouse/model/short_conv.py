@@ -113,14 +113,22 @@ class ShortConv(FusableConv):
 
 
 def convolve_packed(
-    packed: torch.Tensor, convs: tuple[ShortConv, ...], rest: tuple[int, ...], norm: int = 0, head: int = 0
+    packed: torch.Tensor,
+    convs: tuple[ShortConv, ...],
+    rest: tuple[int, ...],
+    norm: int = 0,
+    head: int = 0,
+    sinks: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     """Each conv of `convs` (C channels each) on its slice of `packed` [B, T, N], in order from channel 0,
     from the sequence's start, the first `norm` outputs L2-normalised over each `head` channels (fla's
     form, `norm.l2norm`): (each conv's output, then the remaining N - n·C channels split by the widths
-    `rest`, as views of `packed`)."""
+    `rest`, as views of `packed`, then `sinks` gradient sinks of the first outputs: see `fused_convs`,
+    the only path that has them)."""
     C, n = convs[0].weight.shape[0], len(convs)
     if not all(conv.is_fused(packed.device) for conv in convs):  # each conv's call counts itself
+        if sinks:
+            raise ValueError("gradient sinks come with the fused conv kernels only (ShortConv.is_fused)")
         *parts, rest_parts = packed.split([C] * n + [packed.shape[-1] - n * C], dim=-1)
         outs = [conv(part, None)[0] for conv, part in zip(convs, parts, strict=True)]
         for i in range(norm):
@@ -128,7 +136,8 @@ def convolve_packed(
         return (*outs, *rest_parts.split(rest, dim=-1))
     for _ in convs:
         counters.CONV.record(fused=True)
-    return fused_convs(packed, tuple(conv.weight.view(C, -1) for conv in convs), rest=rest, norm=norm, head=head)
+    weights = tuple(conv.weight.view(C, -1) for conv in convs)
+    return fused_convs(packed, weights, rest=rest, norm=norm, head=head, sinks=sinks)
 
 
 @torch.compiler.disable  # Triton launches, called eagerly under torch.compile (as fla_kernels._opaque)
@@ -139,44 +148,76 @@ def fused_convs(
     rest: tuple[int, ...] = (),
     norm: int = 0,
     head: int = 0,
+    sinks: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     """The fused path of `convolve_packed`, weights [C, W] each, taps `dilation` apart: (each conv's
-    output, then the channels after them split by the widths `rest`, views of `packed`)."""
-    return _FusedConvs.apply(packed, dilation, rest, norm, head, *weights)
+    output, then the channels after them split by the widths `rest`, views of `packed`, then `sinks`
+    fp32 (at least) zeros shaped as the first `sinks` outputs, zero-stride: a gradient given to sink i
+    is read, in its dtype, as output i's (added to any output i has). A consumer that computes an output's gradient
+    in fp32 hands it over unrounded: fla's dq and dk, kda_fla.py)."""
+    return _FusedConvs.apply(packed, dilation, rest, norm, head, sinks, *weights)
 
 
 class _FusedConvs(torch.autograd.Function):
     """SiLU(conv) of packed's first n·C channels, C at a time, in one kernel launch each way (the first
-    `norm` outputs L2-normalised inside it), and the rest of packed's channels as views (no copy); the
-    backward writes every gradient into one tensor shaped as packed (no cat of the rest's gradients)."""
+    `norm` outputs L2-normalised inside it), the rest of packed's channels as views (no copy) and the
+    gradient sinks; the backward writes every gradient into one tensor shaped as packed (no cat of the
+    rest's gradients)."""
 
     @staticmethod
     def forward(
-        ctx, packed: torch.Tensor, dilation: int, rest: tuple[int, ...], norm: int, head: int, *weights: torch.Tensor
+        ctx,
+        packed: torch.Tensor,
+        dilation: int,
+        rest: tuple[int, ...],
+        norm: int,
+        head: int,
+        sinks: int,
+        *weights: torch.Tensor,
     ):
         kernels, _ = fused_kernels()
         n = len(weights)
         weight = torch.cat(weights) if n > 1 else weights[0]  # [n·C, W]
-        if weight.shape[0] + sum(rest) != packed.shape[-1]:
-            raise ValueError(f"{n} convs of {weight.shape[0] // n} and the rest {rest} do not cover {packed.shape}")
+        if weight.shape[0] + sum(rest) != packed.shape[-1] or sinks > n:
+            raise ValueError(
+                f"{n} convs of {weight.shape[0] // n}, the rest {rest} and {sinks} sinks for {packed.shape}"
+            )
         y, rstd = kernels.forward(packed, weight, n, dilation, norm, head)
         ctx.save_for_backward(packed, weight, rstd)
-        ctx.conv = (n, dilation, norm, head)
-        return (*y.unbind(0), *packed[..., weight.shape[0] :].split(rest, dim=-1))
+        ctx.conv, ctx.rest = (n, dilation, norm, head), rest
+        ctx.set_materialize_grads(False)  # an output without a gradient (q beside its sink) costs no zeros
+        zero = torch.zeros((), dtype=torch.promote_types(packed.dtype, torch.float32), device=packed.device)
+        sunk = tuple(zero.expand(y.shape[1:]) for _ in range(sinks))
+        return (*y.unbind(0), *packed[..., weight.shape[0] :].split(rest, dim=-1), *sunk)
 
     @staticmethod
-    def backward(ctx, *grads: torch.Tensor):
+    def backward(ctx, *grads: torch.Tensor | None):
         kernels, _ = fused_kernels()
         packed, weight, rstd = ctx.saved_tensors
         n, dilation, norm, head = ctx.conv
+        C, rest = weight.shape[0] // n, ctx.rest
+        outs, rest_grads, sunk = grads[:n], grads[n : n + len(rest)], grads[n + len(rest) :]
+        dys = tuple(_output_grad(dy, sunk[i] if i < len(sunk) else None, packed, C) for i, dy in enumerate(outs))
         dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
-        dys = tuple(dy.contiguous() for dy in grads[:n])
         dweight = kernels.backward(packed, weight, dys, dpacked, dilation, norm, head, rstd)
-        start = weight.shape[0]
-        for grad in grads[n:]:
-            dpacked[..., start : start + grad.shape[-1]].copy_(grad)
-            start += grad.shape[-1]
-        return (dpacked, None, None, None, None, *dweight.split(weight.shape[0] // n))
+        start = n * C
+        for width, grad in zip(rest, rest_grads, strict=True):
+            target = dpacked[..., start : start + width]
+            if grad is None:
+                target.zero_()
+            else:
+                target.copy_(grad)
+            start += width
+        return (dpacked, None, None, None, None, None, *dweight.split(C))
+
+
+def _output_grad(dy: torch.Tensor | None, sunk: torch.Tensor | None, packed: torch.Tensor, C: int) -> torch.Tensor:
+    """A conv output's gradient for the kernel, contiguous: its own, its sink's (fp32), their sum, or
+    zeros where it has neither."""
+    if dy is None and sunk is None:
+        return packed.new_zeros(*packed.shape[:-1], C)
+    grad = dy if sunk is None else (sunk if dy is None else sunk + dy)
+    return grad.contiguous()
 
 
 def set_conv_backend(module: nn.Module, backend: str) -> None:

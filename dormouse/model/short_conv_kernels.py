@@ -148,17 +148,19 @@ def _store_dx(p, u, s, du, m_d, t0, L, n):
 
 @triton.jit
 def _bwd_kernel(
-    x, w, rstd, dy0, dy1, dy2, dx, dw, B, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, C: tl.constexpr,
-    NB: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, DIL: tl.constexpr, NORM: tl.constexpr,
-    NS: tl.constexpr,
+    x, w, rstd, dy0, dy1, dy2, dx, dw, B, T, stride_x_b, stride_x_t, stride_dx_b, stride_dx_t, N0, N_ALL,
+    C: tl.constexpr, NB: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, DIL: tl.constexpr,
+    NORM: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
+    # This launch's convs are N0, N0 + 1, ... of N_ALL (one launch per dtype of their output gradients)
     i_d, i_t, i_br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, o_c, m_d, o_h, m_h = _block(i_d, NB, C, G, HD)
+    i_l, o_c, m_d, o_h, m_h = _block(i_d, NB, C, G, HD)
+    i_n = i_l + N0
     normed = i_n < NORM
     dy = dy0  # conv i_n's output gradient: one of three tensors
-    if i_n == 1:
+    if i_l == 1:
         dy = dy1
-    if i_n == 2:
+    if i_l == 2:
         dy = dy2
     i_b, r = i_br // DIL, i_br % DIL  # as in _fwd_kernel
     n_r = (T - r + DIL - 1) // DIL
@@ -219,7 +221,7 @@ def _bwd_kernel(
         x1, x2, x3 = xb, xc, xd
         d3, d2, d1 = db, dc, dd
     # parts [programs over positions, n·C, 4]: this program's row, its conv's channels
-    p_dw = dw + ((i_br * tl.num_programs(1) + i_t).to(tl.int64) * (tl.num_programs(0) // NB) * C + i_n * C + o_c) * 4
+    p_dw = dw + ((i_br * tl.num_programs(1) + i_t).to(tl.int64) * N_ALL * C + i_n * C + o_c) * 4
     tl.store(p_dw, g0, mask=m_d)
     tl.store(p_dw + 1, g1, mask=m_d)
     tl.store(p_dw + 2, g2, mask=m_d)
@@ -283,9 +285,9 @@ def backward(
     rstd: torch.Tensor | None = None,
     blocks: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
-    """`forward`'s backward for the output gradients `dys` (one [B, T, C] per conv) and, with `norm`, the
-    forward's `rstd`: writes the input's gradient into dx[..., :n·C] (dx shaped as x, unit stride over
-    channels); returns the weight's [n·C, W]."""
+    """`forward`'s backward for the output gradients `dys` (one [B, T, C] per conv, in any float dtype:
+    one launch per run of one dtype) and, with `norm`, the forward's `rstd`: writes the input's gradient
+    into dx[..., :n·C] (dx shaped as x, unit stride over channels); returns the weight's [n·C, W]."""
     n = len(dys)
     B, T, _ = x.shape
     L, BD, num_warps, stages = blocks or (NORM_BWD_BLOCKS if norm else BWD_BLOCKS)
@@ -294,10 +296,24 @@ def backward(
     assert dx.shape == x.shape, (dx.shape, x.shape)
     assert (rstd is not None) == bool(norm) and (rstd is None or rstd.shape == (norm, B, T, C // HD)), norm
     parts = torch.empty(grid[2] * grid[1], n * C, TAPS, dtype=torch.float32, device=x.device)
-    dy0, dy1, dy2 = (*dys, *dys[:1] * (MAX_CONVS - n))
-    _bwd_kernel[grid](
-        x, _taps_of(weight), dx if rstd is None else rstd, dy0, dy1, dy2, dx, parts, B, T, x.stride(0), x.stride(1),
-        dx.stride(0), dx.stride(1), C=C, NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm, NS=stages,
-        num_warps=num_warps,
-    )  # fmt: skip
+    taps = _taps_of(weight)
+    for n0, run in _dtype_runs(dys):
+        dy0, dy1, dy2 = (*run, *run[:1] * (MAX_CONVS - len(run)))
+        _bwd_kernel[(len(run) * NB, *grid[1:])](
+            x, taps, dx if rstd is None else rstd, dy0, dy1, dy2, dx, parts, B, T, x.stride(0), x.stride(1),
+            dx.stride(0), dx.stride(1), n0, n, C=C, NB=NB, G=G, HD=HD, L=L, DIL=dilation, NORM=norm, NS=stages,
+            num_warps=num_warps,
+        )  # fmt: skip
     return parts.sum(0)[:, TAPS - weight.shape[1] :].to(weight.dtype)
+
+
+def _dtype_runs(dys: tuple[torch.Tensor, ...]) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
+    """`dys` cut into runs of one dtype, each with the index of its first: a kernel's pointer to one of
+    its three gradients is chosen at run time, so the three must share an element type."""
+    runs: list[tuple[int, tuple[torch.Tensor, ...]]] = []
+    for i, dy in enumerate(dys):
+        if runs and runs[-1][1][0].dtype == dy.dtype:
+            runs[-1] = (runs[-1][0], (*runs[-1][1], dy))
+        else:
+            runs.append((i, (dy,)))
+    return runs

@@ -106,6 +106,27 @@ def test_packed_kernels_normalising_q_and_k_against_float64(shape, head, dtype):
     assert rel(rstd, rstd_ref) <= 1e-5, rel(rstd, rstd_ref)
 
 
+def test_packed_backward_takes_fp32_and_bf16_gradients_in_one_call():
+    # q's and k's gradients in fp32 (fla's, through the sinks: model/kda_fla.py), v's in bf16 on a bf16
+    # projection: one launch per run of one dtype. Against float64 of the same gradients, and the bf16
+    # tolerances; the fp32 gradients are read as given (rounding them to bf16 first gives other bits).
+    B, T, C, head = 64, 256, 512, 64
+    gen = rng.generator(0, 3, "test")
+    wide = torch.randn(B, T, 3 * C + 40, generator=gen).bfloat16().cuda()
+    w = (0.5 * torch.randn(3 * C, 4, generator=gen)).cuda()
+    dq, dk = (torch.randn(B, T, C, generator=gen).cuda() for _ in range(2))
+    dv = torch.randn(B, T, C, generator=gen).bfloat16().cuda()
+    y, rstd = kernels.forward(wide, w, 3, 1, 2, head)
+    dx, dx_rounded = torch.zeros_like(wide), torch.zeros_like(wide)
+    dw = kernels.backward(wide, w, (dq, dk, dv), dx, 1, 2, head, rstd)
+    kernels.backward(wide, w, (dq.bfloat16(), dk.bfloat16(), dv), dx_rounded, 1, 2, head, rstd)
+    _, dx_ref, dw_ref, _ = packed_reference(wide, w, (dq, dk, dv), 2, head)
+    measured = {"dx": rel(dx[..., : 3 * C], dx_ref), "dw": rel(dw, dw_ref)}
+    print(f"fp32 q, k and bf16 v gradients, max|d|/max|ref|: {measured}")
+    assert all(m <= tol for m, tol in zip(measured.values(), TOL[torch.bfloat16][1:], strict=True)), measured
+    assert not torch.equal(dx, dx_rounded) and not dx[..., 3 * C :].any()
+
+
 def test_the_refusal_s_width_is_the_kernels_window():
     assert kernels.TAPS == short_conv.MAX_FUSED_WIDTH
 

@@ -28,6 +28,7 @@ if fla_kernels.chunk_kda()[0] is None:
 from dormouse import counters, rng  # noqa: E402
 from dormouse.model import precision  # noqa: E402
 from dormouse.model.kda import KDALayer  # noqa: E402
+from dormouse.model.kda_fla import chunk_kda_sunk  # noqa: E402
 
 GATE = Path(__file__).resolve().parents[2] / "benches" / "kda_gpu_gate.py"
 _spec = importlib.util.spec_from_file_location("kda_gpu_gate", GATE)
@@ -112,3 +113,37 @@ def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
         else:  # summed in fp32 by code compiled for the other input dtype: equal to fp32 rounding, not bit for
             # bit (session 17, call 3: dA_log differed in its last bits)
             assert gate.rel_err(uncast, with_cast.double()) <= 1e-6, name
+
+
+def test_the_sunk_function_is_fla_s_chunk_kda_with_dq_and_dk_unrounded():
+    # kda_fla's Function runs fla's own forward and backward: against fla's chunk_kda with the same options
+    # (the norm not in the kernel: the conv's), the output and v's, g's, beta's, A_log's and dt_bias's
+    # gradients bit for bit; q's and k's come in fp32 through the sinks, fla's rounded to bf16 of them.
+    fn = fla_kernels.chunk_kda()[0]
+    gen = rng.generator(0, 1, "test")
+    B, T, H, K = 4, 512, 8, 64
+    unit = (torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1) for _ in "qk")
+    q, k = (t.cuda().bfloat16() for t in unit)
+    v, f = (torch.randn(B, T, H, K, generator=gen).cuda().bfloat16() for _ in "vf")
+    b = torch.randn(B, T, H, generator=gen).cuda().bfloat16()
+    A_log, dt_bias = torch.randn(H, generator=gen).cuda(), torch.randn(H * K, generator=gen).cuda()
+    do = torch.randn(B, T, H, K, generator=gen).cuda().bfloat16()
+    options = {"safe_gate": True, "lower_bound": -5.0, "disable_recompute": True}
+    runs = []
+    for sunk in (False, True):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, f, b, A_log, dt_bias)]
+        sinks = [torch.zeros((), device="cuda").expand(B, T, H, K).requires_grad_() for _ in "qk"]
+        if sunk:
+            o = chunk_kda_sunk(*leaves, *sinks, chunk_size=64, options=options)
+        else:
+            o, _ = fn(
+                *leaves[:5], use_qk_l2norm_in_kernel=False, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                A_log=leaves[5], dt_bias=leaves[6], **options,
+            )  # fmt: skip
+        o.backward(do)
+        dq, dk = (s.grad for s in sinks) if sunk else (leaves[0].grad, leaves[1].grad)
+        runs.append((o.detach(), dq, dk, *(t.grad for t in leaves[2:])))
+    (o, dq, dk, *rest), (o_s, dq_s, dk_s, *rest_s) = runs
+    assert torch.equal(o, o_s) and all(torch.equal(a, c) for a, c in zip(rest, rest_s, strict=True))
+    assert dq_s.dtype == dk_s.dtype == torch.float32 and dq.dtype == torch.bfloat16
+    assert torch.equal(dq_s.bfloat16(), dq) and torch.equal(dk_s.bfloat16(), dk)
