@@ -176,10 +176,12 @@ def resolve_kda_backend(requested: str, device: torch.device) -> str:
         )
     # On CUDA, auto means fla: the chunked path there is a slow surprise, so it must be asked for.
     chunk_kda, why = fla_kernels.chunk_kda()
-    if chunk_kda is None:
+    parts, why_parts = fla_kernels.chunk_kda_parts()  # the layer's training path runs these (kda_fla.py)
+    if chunk_kda is None or parts is None:
+        why = why or why_parts
         raise ledger.refuse(
             FLA_UNAVAILABLE,
-            f"KDA backend {requested!r} on {device} needs fla-core 0.6.0 (fla.ops.kda.chunk_kda), "
+            f"KDA backend {requested!r} on {device} needs fla-core 0.6.0 (fla.ops.kda's chunk_kda and its parts), "
             f"which is not importable ({why}); install the extra `gpu` (pip install -e '.[gpu]') "
             "or pass --kda-backend chunked",
         )
