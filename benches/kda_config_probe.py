@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     print(precision.apply("bf16"), fla_kernels.pin_note(), sep="\n")
     B, T, H, K = args.batch, args.seq_len, args.heads, args.head_dim
-    gen = rng.generator(0, 0, "probe")
+    gen = rng.generator(0, 0, "bench")
     unit = (torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1) for _ in "qk")
     q, k = (t.cuda().bfloat16().requires_grad_() for t in unit)
     v, g = (torch.randn(B, T, H, K, generator=gen).cuda().bfloat16().requires_grad_() for _ in "vg")
