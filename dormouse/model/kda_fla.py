@@ -21,6 +21,7 @@ from dormouse.errors import DormouseError
 from dormouse.model import fla_kernels
 
 
+@torch.compiler.disable  # fla's autotuned Triton launches, called eagerly under torch.compile (fla_kernels._opaque)
 def chunk_kda_sunk(q, k, v, g, beta, A_log, dt_bias, q_sink, k_sink, *, chunk_size, options: dict, scale=None):
     """fla's chunk_kda of (q, k, v, g, beta) with `use_gate_in_kernel` and `use_beta_sigmoid_in_kernel` on
     (g and beta raw, `A_log` and `dt_bias` the gate's) and `options` from `kda.fla_options`; q's and k's

@@ -153,8 +153,8 @@ def fused_convs(
     """The fused path of `convolve_packed`, weights [C, W] each, taps `dilation` apart: (each conv's
     output, then the channels after them split by the widths `rest`, views of `packed`, then `sinks`
     fp32 (at least) zeros shaped as the first `sinks` outputs, zero-stride: a gradient given to sink i
-    is read, in its dtype, as output i's (added to any output i has). A consumer that computes an output's gradient
-    in fp32 hands it over unrounded: fla's dq and dk, kda_fla.py)."""
+    is read, in its dtype, as output i's (added to any output i has). A consumer that computes an
+    output's gradient in fp32 hands it over unrounded: fla's dq and dk, kda_fla.py)."""
     return _FusedConvs.apply(packed, dilation, rest, norm, head, sinks, *weights)
 
 
