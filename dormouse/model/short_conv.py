@@ -186,8 +186,10 @@ class _FusedConvs(torch.autograd.Function):
         ctx.save_for_backward(packed, weight, rstd)
         ctx.conv, ctx.rest = (n, dilation, norm, head), rest
         ctx.set_materialize_grads(False)  # an output without a gradient (q beside its sink) costs no zeros
-        zero = torch.zeros((), dtype=torch.promote_types(packed.dtype, torch.float32), device=packed.device)
-        sunk = tuple(zero.expand(y.shape[1:]) for _ in range(sinks))
+        sunk = ()
+        if sinks:
+            zero = torch.zeros((), dtype=torch.promote_types(packed.dtype, torch.float32), device=packed.device)
+            sunk = tuple(zero.expand(y.shape[1:]) for _ in range(sinks))
         return (*y.unbind(0), *packed[..., weight.shape[0] :].split(rest, dim=-1), *sunk)
 
     @staticmethod
