@@ -3,7 +3,9 @@
 Three implementations of one op sit side by side, as in fla (reference sheet §1):
 `kda_recurrent` is the reference loop over time, `kda_chunked` the WY/UT-transform chunked form in
 plain PyTorch (the CPU path), and fla's Triton `chunk_kda` the CUDA path. `kda` dispatches between
-them; asking for fla where it cannot run raises through the ledger, never falls back silently.
+them; asking for fla where it cannot run raises through the ledger, never falls back silently. The
+layer's training step on fla with the fused short convs runs fla's forward and backward under
+dormouse's own Function instead (model/kda_fla.py: the same kernels, q's and k's gradients in fp32).
 
 Layout (fla's): q, k [B,T,H,K] (already L2-normalised), v [B,T,H,V], g [B,T,H,K] log-decay <= 0,
 beta [B,T,H] in (0,1), state [B,H,K,V]. Per step and head:
