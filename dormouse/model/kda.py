@@ -14,6 +14,7 @@ beta [B,T,H] in (0,1), state [B,H,K,V]. Per step and head:
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -298,6 +299,22 @@ def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+class _Projected(NamedTuple):
+    """`KDALayer._project`'s result: q, k, v (through their convs), the gates' low-rank halves and beta's
+    logits, the convs' new tails (None without convs), whether q and k are L2-normalised already, and q's
+    and k's fp32 gradient sinks (None unless asked for and fused)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    f_low: torch.Tensor
+    b: torch.Tensor
+    g_low: torch.Tensor
+    conv_state: tuple[torch.Tensor, ...] | None = None
+    qk_normed: bool = False
+    sinks: tuple[torch.Tensor, ...] | None = None
+
+
 @dataclass
 class KDACache:
     """What one layer carries between calls: pre-conv q/k/v tails (None without short conv), state."""
@@ -414,15 +431,13 @@ class KDALayer(nn.Module):
             return -A * F.softplus(f)
         return self.gate_lower_bound * torch.sigmoid(A * f)
 
-    def _project(self, x, cache, sinks: bool = False):
-        """x's six projections, q, k and v through their short convs (continuing the cache's tails):
-        (q, k, v, f_low, b, g_low, the convs' new tails or None without them, whether q and k are
-        L2-normalised already, q's and k's fp32 gradient sinks or None). The sinks (short_conv.fused_convs)
-        come with the fused convs where `sinks` asks for them."""
+    def _project(self, x, cache, sinks: bool = False) -> _Projected:
+        """x's six projections, q, k and v through their short convs (continuing the cache's tails). The
+        gradient sinks (short_conv.fused_convs) come with the fused convs where `sinks` asks for them."""
         linears = (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a)
         if not self.short_conv:  # the convs end in SiLU; without them the projections get it here
             q, k, v, f_low, b, g_low = project(x, linears)
-            return F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low, None, False, None
+            return _Projected(F.silu(q), F.silu(k), F.silu(v), f_low, b, g_low)
         convs = (self.q_conv, self.k_conv, self.v_conv)
         if cache is None and torch.is_grad_enabled():  # one projection, its q, k, v slices convolved
             h = packed(x, linears)
@@ -431,14 +446,13 @@ class KDALayer(nn.Module):
             n_sinks = 2 if fuse_norm and sinks else 0
             rest = tuple(lin.out_features for lin in linears[3:])
             outs = convolve_packed(h, convs, rest, norm=2 if fuse_norm else 0, head=self.head_dim, sinks=n_sinks)
-            q, k, v, f_low, b, g_low = outs[:6]
             HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
             tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
-            return q, k, v, f_low, b, g_low, tails, fuse_norm, outs[6:] or None
+            return _Projected(*outs[:6], conv_state=tails, qk_normed=fuse_norm, sinks=outs[6:] or None)
         q, k, v, f_low, b, g_low = project(x, linears)
         states = (None, None, None) if cache is None else cache.conv
         (q, cq), (k, ck), (v, cv) = (conv(t, s) for conv, t, s in zip(convs, (q, k, v), states, strict=True))
-        return q, k, v, f_low, b, g_low, (cq, ck, cv), False, None
+        return _Projected(q, k, v, f_low, b, g_low, conv_state=(cq, ck, cv))
 
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
@@ -446,18 +460,16 @@ class KDALayer(nn.Module):
         on_fla = self.fla_prep_in_kernel and resolve_kda_backend(backend, x.device) == "fla"
         # Training on fla with the fused convs: fla's forward and backward under dormouse's Function, q's
         # and k's gradients handed to the convs in fp32 (kda_fla.py)
-        q, k, v, f_low, b, g_low, conv_state, qk_normed, sinks = self._project(
-            x, cache, sinks=on_fla and not return_cache
-        )
-        q, k, v = (t.view(B, T, H, K) for t in (q, k, v))
-        f = self._gate_input(f_low)
-        if sinks is not None:
-            o, state = self._kda_sunk(q, k, v, f, b, sinks), None
+        p = self._project(x, cache, sinks=on_fla and not return_cache)
+        q, k, v = (t.view(B, T, H, K) for t in (p.q, p.k, p.v))
+        f = self._gate_input(p.f_low)
+        if p.sinks is not None:
+            o, state = self._kda_sunk(q, k, v, f, p.b, p.sinks), None
         else:
-            o, state = self._kda(q, k, v, f, b, cache, backend, return_cache, on_fla, qk_normed)
-        o = self.o_norm(o, affine_of(g_low, self.g_b).view(B, T, H, K))
+            o, state = self._kda(q, k, v, f, p.b, cache, backend, return_cache, on_fla, p.qk_normed)
+        o = self.o_norm(o, affine_of(p.g_low, self.g_b).view(B, T, H, K))
         y = linear_of(o.flatten(2), self.o_proj)
-        return y, (KDACache(conv_state, state) if return_cache else None)
+        return y, (KDACache(p.conv_state, state) if return_cache else None)
 
     def _kda_sunk(self, q, k, v, f, b, sinks) -> torch.Tensor:
         """fla's KDA of the fused convs' q, k, v with their gradients handed back in fp32 (kda_fla.py)."""
