@@ -60,14 +60,19 @@ def test_without_autograd_each_linear_runs_alone_and_no_weight_is_copied():
     assert not [e for e in prof.events() if e.name == "aten::cat"]
 
 
+def _bf16_path_on_cpu(monkeypatch):
+    """The CUDA bf16 path on the CPU: its fp32-output matmul stood in by an fp64 product rounded to fp32."""
+    monkeypatch.setattr(projections, "bf16_matmul", lambda x: True)
+    monkeypatch.setattr(projections, "_mm_fp32", lambda a, b: (a.double() @ b.double()).float())
+
+
 def test_bf16_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32(monkeypatch):
     # The CUDA bf16 path (_Bf16Linear with a bias) on the CPU: the fp32-output matmul, which torch has
     # only on CUDA, stood in by an fp64 product rounded to fp32. Input: a column slice of a wider tensor,
     # as the KDA layer's g_b reads its low-rank half. The output is the fp64 result within one bf16
     # rounding (the bias added before rounding); the bias's gradient is the fp64 column sum of the
     # (bf16) output gradient to fp32 rounding.
-    monkeypatch.setattr(projections, "bf16_matmul", lambda x: True)
-    monkeypatch.setattr(projections, "_mm_fp32", lambda a, b: (a.double() @ b.double()).float())
+    _bf16_path_on_cpu(monkeypatch)
     gen = rng.generator(0, 0, "test")
     lin = torch.nn.Linear(8, 24)
     normal_init_(lin.weight, gen)
@@ -84,12 +89,6 @@ def test_bf16_affine_adds_the_bias_in_the_matmul_and_sums_its_gradient_in_fp32(m
     assert torch.allclose(lin.bias.grad.double(), dy.double().sum((0, 1)), rtol=2.0**-23, atol=1e-6)
     assert torch.allclose(lin.weight.grad.double(), torch.einsum("bto,bti->oi", dy.double(), x.double()), rtol=1e-6)
     assert torch.equal(x.grad, dy @ lin.weight.bfloat16())
-
-
-def _bf16_path_on_cpu(monkeypatch):
-    """The CUDA bf16 path on the CPU: its fp32-output matmul stood in by an fp64 product rounded to fp32."""
-    monkeypatch.setattr(projections, "bf16_matmul", lambda x: True)
-    monkeypatch.setattr(projections, "_mm_fp32", lambda a, b: (a.double() @ b.double()).float())
 
 
 def test_shared_casts_cast_a_group_once_for_all_its_applications_with_the_same_bits(monkeypatch):
