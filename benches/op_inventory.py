@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import fla_kernels, fused_or_plain, kda, norm, projections, short_conv, swiglu
+from dormouse.model import engram_gate, fla_kernels, fused_or_plain, kda, norm, projections, short_conv, swiglu
 from dormouse.model.model import DormouseLM
 
 
@@ -153,6 +153,15 @@ def fla_standins(mode: Inventory):
         forward = staticmethod(_opaque(mode, lambda gate, up: torch.zeros(gate.shape, dtype=gate.dtype)))
         backward = staticmethod(_opaque(mode, lambda gate, up, g, d_gate, d_up: None))
 
+    def gate_forward(h, v, k, *args):  # out [N, D] in v's dtype; rstd_h, rstd_k, alpha [N] fp32
+        return torch.zeros(v.shape, dtype=v.dtype), *torch.zeros(3, h.shape[0])
+
+    class GateKernels:  # model/engram_gate_kernels.py: v's and k's gradients written in place
+        forward = staticmethod(_opaque(mode, gate_forward))
+        backward = staticmethod(
+            _opaque(mode, lambda h, v, k, w_h, w_k, *args: tuple(map(torch.zeros_like, (h, w_h, w_k))))
+        )
+
     def add_norm_backward(dy, normed, weight, rstd, dsum, x_dtype):
         return torch.zeros(normed.shape, dtype=x_dtype), torch.zeros_like(normed), torch.zeros_like(weight)
 
@@ -176,7 +185,7 @@ def fla_standins(mode: Inventory):
     }
     saved = {name: getattr(fla_kernels, name) for name in accessors}
     saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
-    saved_add_norm, saved_swiglu = norm.add_norm_kernels, swiglu.fused_kernels
+    saved_add_norm, saved_swiglu, saved_gate = norm.add_norm_kernels, swiglu.fused_kernels, engram_gate.fused_kernels
     saved_matmul = projections.bf16_matmul, projections._mm_fp32
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
@@ -185,6 +194,7 @@ def fla_standins(mode: Inventory):
     short_conv.fused_kernels = lambda: (ConvKernels, "")
     norm.add_norm_kernels = lambda: (AddNormKernels, "")
     swiglu.fused_kernels = lambda: (SwigluKernels, "")
+    engram_gate.fused_kernels = lambda: (GateKernels, "")
     projections.bf16_matmul, projections._mm_fp32 = lambda x: True, mm_fp32  # the CUDA bf16 matmul path
     try:
         yield
@@ -194,6 +204,7 @@ def fla_standins(mode: Inventory):
         fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
         short_conv.fused_kernels = saved_conv
         norm.add_norm_kernels, swiglu.fused_kernels = saved_add_norm, saved_swiglu
+        engram_gate.fused_kernels = saved_gate
         projections.bf16_matmul, projections._mm_fp32 = saved_matmul
 
 

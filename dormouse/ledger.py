@@ -72,6 +72,7 @@ TRITON_ONLY = (
     "dormouse.model.short_conv_kernels",
     "dormouse.model.norm_kernels",
     "dormouse.model.swiglu_kernels",
+    "dormouse.model.engram_gate_kernels",
     "dormouse.train.sinkhorn_kernels",
     "dormouse.train.row_sum_kernels",
 )

@@ -77,3 +77,16 @@ def test_where_names_each_op_s_site():
     # gradient cast by that add's backward; the final norm's bf16 output is cast for the head.
     assert sites[("add", "f32,bf16->f32")] == {"fwd model/loop.py"}
     assert sites[("_to_copy", "f32->bf16")] == {"bwd AddBackward0", "fwd model/model.py"}
+
+
+def test_the_engram_gate_runs_fused_on_one_matmul_of_the_looked_up_rows():
+    found = rows()
+    # The gate's two norms, their product and sum, the sigmoid and the scaling of v run in dormouse's
+    # kernels (model/engram_gate.py): no sigmoid and no [B, T, 1] op is left anywhere.
+    assert not {op for op, _, _ in found} & {"sigmoid", "sigmoid_backward"}
+    assert not any(shape == f"[{B}, {T}, 1]" and "f32" in dtypes for _, shape, dtypes in found)
+    # v and k from one matmul of the looked-up rows [B, T, 6 arms x 32]: one cast of the rows, one
+    # gradient for the packed [2d, 192] weight and one for the rows (no add of two).
+    assert found[("_to_copy", f"[{B}, {T}, 192]", "f32->bf16")][0] == 1
+    assert found[("mm", "[256, 192]", "bf16,bf16->f32")][0] == 1
+    assert not any(op == "add" and shape == f"[{B}, {T}, 192]" for op, shape, _ in found)

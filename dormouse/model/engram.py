@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse import counters, rng
+from dormouse.model import engram_gate
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import RMSNorm
 from dormouse.model.short_conv import FusableConv, conv_tail, fused_convs
@@ -384,6 +385,9 @@ class Engram(nn.Module):
         delta = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))  with `conv` (EngramConv: kernel 4, dilation
                                                     max(orders)); delta = ṽ without
 
+    k, v and ṽ are model/engram_gate.py's: one matmul for both projections, and the gate fused into one
+    Triton kernel each way where the norms run fused (`--norm-backend`, auto on CUDA).
+
     Not taken: the demo's signed square root of the logit, `σ(sign(s)·sqrt(max(|s|, 1e−6)))` (in
     deepseek-ai/Engram's engram_demo_v1.py, not in the paper's equation). Not implemented: the
     hyper-connection branches (M = 1 here). The tokenizer compression of the paper is the identity
@@ -501,11 +505,7 @@ class Engram(nn.Module):
             )
         idx = global_rows(keys, self.rows)
         e = self._lookup(idx).flatten(-2)  # [..., arms·dim]
-        v = self.w_v(e)
-        k = self.w_k(e)
-        dt = torch.promote_types(v.dtype, torch.float32)
-        s = (self.key_norm(k).to(dt) * self.hidden_norm(h).to(dt)).sum(-1, keepdim=True) / self.d_model**0.5
-        delta = torch.sigmoid(s).to(v.dtype) * v
+        delta = engram_gate.gate(h, e, self.w_v, self.w_k, self.hidden_norm, self.key_norm)
         if self.conv is not None:
             one = h.ndim == 2  # a decode position: the conv runs over time, so give it a time axis
             delta, conv_tail = self.conv(delta[:, None] if one else delta, conv_tail)

@@ -46,3 +46,9 @@ def own_kernels(module: str) -> tuple[ModuleType | None, str]:
         return importlib.import_module(module), ""
     except ImportError as err:  # no Triton: the CPU set-up
         return None, f"{type(err).__name__}: {err}"
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., H] as [N, H] rows with unit column stride, the layout dormouse's kernels take: a view where
+    the leading dims flatten into one stride (a projection's column slices do), else a copy."""
+    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.contiguous().view(-1, x.shape[-1])

@@ -31,7 +31,8 @@ FUSED_UNAVAILABLE = ledger.register(
     "norm.fused_unavailable",
     ledger.Kind.LOUD,
     "fused RMSNorm asked for (or auto on CUDA), but fla's rms_norm (rms_norm_gated for the gated norm; for "
-    "add_and_norm's backward dormouse's Triton kernel) is not importable or the tensors are not on CUDA",
+    "add_and_norm's backward and the engram gate dormouse's Triton kernels) is not importable or the tensors "
+    "are not on CUDA",
     __name__,
 )
 

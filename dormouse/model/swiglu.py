@@ -76,15 +76,9 @@ def fused_pair(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _forward(gate, up)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., H] as [N, H] rows with unit column stride: a view where the leading dims flatten into one
-    stride (the projection's halves do), else a copy."""
-    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.contiguous().view(-1, x.shape[-1])
-
-
 def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     kernels, _ = fused_kernels()
-    return kernels.forward(_rows(gate), _rows(up)).view(gate.shape)
+    return kernels.forward(fused_or_plain.rows(gate), fused_or_plain.rows(up)).view(gate.shape)
 
 
 class _PackedSwiGLU(torch.autograd.Function):
@@ -98,8 +92,8 @@ class _PackedSwiGLU(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (h,) = ctx.saved_tensors
         kernels, _ = fused_kernels()
-        gate, up = (_rows(half) for half in h.chunk(2, dim=-1))
+        gate, up = (fused_or_plain.rows(half) for half in h.chunk(2, dim=-1))
         dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         d_gate, d_up = (half.view(-1, half.shape[-1]) for half in dh.chunk(2, dim=-1))  # both halves of dh
-        kernels.backward(gate, up, _rows(grad), d_gate, d_up)
+        kernels.backward(gate, up, fused_or_plain.rows(grad), d_gate, d_up)
         return dh
