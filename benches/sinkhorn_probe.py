@@ -5,13 +5,16 @@
 kernels' error against torch's (fp32, other reduction orders) and both medians in CUDA-graph replays, as
 the graphed update runs them. Session 18, call 1 (the kernels as a candidate here, before they were
 wired in): torch 1249 us, the kernels 407 us a `small` step (`h200-session18/sinkhorn-probe.log`).
+`--against FILE` times another version of train/sinkhorn_kernels.py beside them (an older commit's, from
+`git archive`), in the same replays.
 
-    python benches/sinkhorn_probe.py [--preset small --iters 5]
+    python benches/sinkhorn_probe.py [--preset small --iters 5] [--against OLD/dormouse/train/sinkhorn_kernels.py]
 """
 
 import argparse
 import collections
 import functools
+import importlib.util
 
 import torch
 import triton.testing
@@ -33,22 +36,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--against", help="another sinkhorn_kernels.py to time beside this tree's")
     args = ap.parse_args()
     bench = functools.partial(triton.testing.do_bench_cudagraph, rep=50, return_mode="median")
     total = {"torch": 0.0, "triton": 0.0}
+    other = None
+    if args.against:
+        spec = importlib.util.spec_from_file_location("other_sinkhorn_kernels", args.against)
+        other = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(other)
+        total["against"] = 0.0
     for (m, n), count in sorted(shape_groups(args.preset).items()):
         u = torch.randn(count, m, n, generator=torch.Generator().manual_seed(m * n)).cuda()
         ref, got = sr_sinkhorn_torch(u, args.iters, 1e-12), sr_sinkhorn(u, args.iters)
         err = ((got - ref).abs().max() / ref.abs().max()).item()
         times = {"torch": bench(lambda u=u: sr_sinkhorn_torch(u, args.iters, 1e-12))}
         times["triton"] = bench(lambda u=u: sr_sinkhorn(u, args.iters))
+        if other is not None:
+            times["against"] = bench(lambda u=u: other.sr_sinkhorn(u, args.iters, 1e-12))
         for name in total:
             total[name] += times[name]
-        print(
-            f"[{count}, {m}, {n}]: torch {times['torch'] * 1e3:7.1f} us, triton {times['triton'] * 1e3:7.1f} us; "
-            f"triton vs torch max|d|/max|ref| {err:.1e}"
-        )
-    print(f"all groups: torch {total['torch'] * 1e3:.1f} us, triton {total['triton'] * 1e3:.1f} us a step")
+        line = ", ".join(f"{name} {t * 1e3:7.1f} us" for name, t in times.items())
+        print(f"[{count}, {m}, {n}]: {line}; triton vs torch max|d|/max|ref| {err:.1e}")
+    print("all groups: " + ", ".join(f"{name} {t * 1e3:.1f} us" for name, t in total.items()) + " a step")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,24 @@
 """dormouse's Triton kernels for SR-Sinkhorn on CUDA (train/optim.py's `sr_sinkhorn` of a stack [N, m, n]).
 
-torch's form launches a norm, a clamp, a division and a product per half-iteration: ~280 small kernels a
-`small` step, 1.25 ms on the H200 in CUDA-graph replays (session 18, `benches/sinkhorn_probe.py`). Here an
-iteration is three kernels: every row scaled to norm √n by one program each; each column's sum of squares
-taken in blocks of rows; each column scaled to norm √m, its blocks' sums added in a fixed order. 0.41 ms
-a step in the same replays. The arithmetic is torch's (norms clamped below at eps, so an all-zero row or
-column stays zero; the targets √n, √m and eps fp32 scalars, as in torch's fp32 arithmetic); only the
-order of the sums differs (~3e-7 relative). fp32 only: fp64, the reference precision, stays torch's.
-Blocks are fixed: no autotuning, the same kernels in every process, and the same bits from call to call.
+Every half-iteration of SR-Sinkhorn scales rows (or columns) of the current matrix, so after any number
+of them the matrix is diag(r) · U · diag(c) for the input U and two scale vectors. These kernels keep U
+as it is and update only r [N, m] and c [N, n]:
+
+    row step     r_i ← r_i · √n / max(r_i · ‖U_i ⊙ c‖, eps)
+    column step  c_j ← c_j · √m / max(c_j · ‖r ⊙ U_:j‖, eps)
+
+the norms being those of the current matrix's rows and columns, as torch's form takes them (clamped
+below at eps). A row or column whose norm is exactly zero keeps its scale: it is zero whatever the scale,
+and the clamp's factor √n/eps, compounded over the iterations, would overflow to inf (inf · 0 = NaN). At
+the end one pass writes X = r_i · U_ij · c_j.
+
+An iteration reads U twice (the row norms, one program a row; the column sums of squares in blocks of
+rows) and writes nothing of its size; a tiny kernel adds each column's blocks in a fixed order and
+updates c. The previous kernels (session 18) rescaled the matrix in place, five passes of it an
+iteration, 0.41 ms a `small` step on the H200; the arithmetic differs from torch's form only in where
+it rounds (products of scales instead of successive rescalings) and in the order of the sums, within
+fp32's error (tests/gpu/test_sinkhorn_kernels.py). fp32 only: fp64, the reference precision, stays
+torch's. Blocks are fixed: no autotuning, the same kernels in every process, the same bits every call.
 
 Imported only where Triton is (CUDA machines): `optim.sinkhorn_kernels()` looks it up.
 """
@@ -21,58 +32,81 @@ import triton.language as tl
 ROW_BLOCK = 4096  # columns a row program holds at once (it loops over wider rows)
 ROWS_PER_PART = 64  # rows one column-sum program adds: parts [N, ⌈m / 64⌉, n]
 PARTS_AT_ONCE = 64  # parts a column program loads at once (it loops over more)
-COLUMN_TILE = (32, 64)  # (rows, columns) one column program rescales
+COLUMN_BLOCK = 64  # columns one column-sum or column-scale program takes
+TILE = (32, 64)  # (rows, columns) of one program of the final pass
 
 
 @triton.jit
-def _rows_kernel(src, dst, n, target, eps, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
-    """dst row = src row · target / max(‖src row‖, eps); one program a row."""
+def _rescale(scale, norm, target, eps):
+    """scale · target / max(norm, eps), or scale where the norm is zero (see the module docstring)."""
+    return tl.where(norm > 0, scale * (target / tl.maximum(norm, eps)), scale)
+
+
+@triton.jit
+def _rows_kernel(u, r, c, m, n, target, eps, BLOCK: tl.constexpr, WHOLE: tl.constexpr, FIRST: tl.constexpr):
+    """r[row] for the current row's norm r · ‖u row ⊙ c‖; one program a row of the stack. FIRST: the
+    first iteration, every scale 1 (r and c not yet written)."""
     row = tl.program_id(0).to(tl.int64)
+    c_row = c + (row // m) * n
     cols = tl.arange(0, BLOCK)
-    if WHOLE:  # the row fits one block: load it once
-        m = cols < n
-        x = tl.load(src + row * n + cols, mask=m, other=0.0)
-        scale = target / tl.maximum(tl.sqrt(tl.sum(x * x, axis=0)), eps)
-        tl.store(dst + row * n + cols, x * scale, mask=m)
+    if WHOLE:  # the row fits one block
+        mask = cols < n
+        v = tl.load(u + row * n + cols, mask=mask, other=0.0)
+        if not FIRST:
+            v *= tl.load(c_row + cols, mask=mask, other=0.0)
+        ss = tl.sum(v * v, axis=0)
     else:
-        acc = tl.zeros([BLOCK], dtype=src.dtype.element_ty)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n, BLOCK):
-            m = start + cols < n
-            x = tl.load(src + row * n + start + cols, mask=m, other=0.0)
-            acc += x * x
-        scale = target / tl.maximum(tl.sqrt(tl.sum(acc, axis=0)), eps)
-        for start in range(0, n, BLOCK):
-            m = start + cols < n
-            x = tl.load(src + row * n + start + cols, mask=m, other=0.0)
-            tl.store(dst + row * n + start + cols, x * scale, mask=m)
+            mask = start + cols < n
+            v = tl.load(u + row * n + start + cols, mask=mask, other=0.0)
+            if not FIRST:
+                v *= tl.load(c_row + start + cols, mask=mask, other=0.0)
+            acc += v * v
+        ss = tl.sum(acc, axis=0)
+    scale = 1.0 if FIRST else tl.load(r + row)
+    tl.store(r + row, _rescale(scale, scale * tl.sqrt(ss), target, eps))
 
 
 @triton.jit
-def _column_parts_kernel(x, part, m, n, parts, RB: tl.constexpr, BC: tl.constexpr):
-    """part[matrix, row block, column] = Σ x² over the block's RB rows."""
+def _column_parts_kernel(u, r, part, m, n, parts, RB: tl.constexpr, BC: tl.constexpr):
+    """part[matrix, row block, column] = Σ (r_i · u_ij)² over the block's RB rows."""
     mat, i_c, i_r = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     cols = i_c * BC + tl.arange(0, BC)
     rows = i_r * RB + tl.arange(0, RB)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
-    v = tl.load(x + mat * m * n + rows[:, None] * n + cols[None, :], mask=mask, other=0.0)
+    v = tl.load(u + mat * m * n + rows[:, None] * n + cols[None, :], mask=mask, other=0.0)
+    v *= tl.load(r + mat * m + rows, mask=rows < m, other=0.0)[:, None]
     tl.store(part + (mat * parts + i_r) * n + cols, tl.sum(v * v, axis=0), mask=cols < n)
 
 
 @triton.jit
-def _columns_kernel(x, part, m, n, parts, target, eps, PB: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    """x column ·= target / max(‖column‖, eps), the squared norm summed from the parts in their order."""
-    mat, i_c, i_r = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+def _columns_kernel(part, c, n, parts, target, eps, PB: tl.constexpr, BC: tl.constexpr, FIRST: tl.constexpr):
+    """c[column] for the current column's norm c · sqrt(Σ parts), the parts added in their order (FIRST:
+    c not yet written, every scale 1)."""
+    mat, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = i_c * BC + tl.arange(0, BC)
-    ss = tl.zeros([BC], dtype=part.dtype.element_ty)
+    ss = tl.zeros([BC], dtype=tl.float32)
     for start in range(0, parts, PB):
         blocks = start + tl.arange(0, PB)
         mask = (blocks[:, None] < parts) & (cols[None, :] < n)
         ss += tl.sum(tl.load(part + (mat * parts + blocks[:, None]) * n + cols[None, :], mask=mask, other=0.0), axis=0)
-    scale = target / tl.maximum(tl.sqrt(ss), eps)
+    scale = tl.full([BC], 1.0, tl.float32) if FIRST else tl.load(c + mat * n + cols, mask=cols < n, other=0.0)
+    tl.store(c + mat * n + cols, _rescale(scale, scale * tl.sqrt(ss), target, eps), mask=cols < n)
+
+
+@triton.jit
+def _apply_kernel(u, r, c, x, m, n, BR: tl.constexpr, BC: tl.constexpr):
+    """x = r_i · u_ij · c_j."""
+    mat, i_c, i_r = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    cols = i_c * BC + tl.arange(0, BC)
     rows = i_r * BR + tl.arange(0, BR)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
-    p = x + mat * m * n + rows[:, None] * n + cols[None, :]
-    tl.store(p, tl.load(p, mask=mask, other=0.0) * scale[None, :], mask=mask)
+    offs = mat * m * n + rows[:, None] * n + cols[None, :]
+    b_r = tl.load(r + mat * m + rows, mask=rows < m, other=0.0)
+    b_c = tl.load(c + mat * n + cols, mask=cols < n, other=0.0)
+    v = tl.load(u + offs, mask=mask, other=0.0)
+    tl.store(x + offs, (b_r[:, None] * v) * b_c[None, :], mask=mask)
 
 
 def sr_sinkhorn(u: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -82,16 +116,20 @@ def sr_sinkhorn(u: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     u = u.contiguous()
     N, m, n = u.shape
     x = torch.empty_like(u)
+    if u.numel() == 0:
+        return x
+    r = torch.empty(N, m, dtype=u.dtype, device=u.device)  # written by the first iteration
+    c = torch.empty(N, n, dtype=u.dtype, device=u.device)
     parts = triton.cdiv(m, ROWS_PER_PART)
     part = torch.empty(N, parts, n, dtype=u.dtype, device=u.device)
     block = min(triton.next_power_of_2(n), ROW_BLOCK)
-    rows_of, cols_of = COLUMN_TILE
-    col_blocks = triton.cdiv(n, cols_of)
-    src = u
-    for _ in range(iters):
-        _rows_kernel[(N * m,)](src, x, n, math.sqrt(n), eps, BLOCK=block, WHOLE=block >= n)
-        _column_parts_kernel[(N, col_blocks, parts)](x, part, m, n, parts, RB=ROWS_PER_PART, BC=cols_of)
-        grid = (N, col_blocks, triton.cdiv(m, rows_of))
-        _columns_kernel[grid](x, part, m, n, parts, math.sqrt(m), eps, PB=PARTS_AT_ONCE, BR=rows_of, BC=cols_of)
-        src = x
+    col_blocks = triton.cdiv(n, COLUMN_BLOCK)
+    for i in range(iters):
+        _rows_kernel[(N * m,)](u, r, c, m, n, math.sqrt(n), eps, BLOCK=block, WHOLE=block >= n, FIRST=i == 0)
+        _column_parts_kernel[(N, col_blocks, parts)](u, r, part, m, n, parts, RB=ROWS_PER_PART, BC=COLUMN_BLOCK)
+        _columns_kernel[(N, col_blocks)](
+            part, c, n, parts, math.sqrt(m), eps, PB=PARTS_AT_ONCE, BC=COLUMN_BLOCK, FIRST=i == 0
+        )
+    rows_of, cols_of = TILE
+    _apply_kernel[(N, triton.cdiv(n, cols_of), triton.cdiv(m, rows_of))](u, r, c, x, m, n, BR=rows_of, BC=cols_of)
     return x
