@@ -74,6 +74,7 @@ TRITON_ONLY = (
     "dormouse.model.swiglu_kernels",
     "dormouse.model.engram_gate_kernels",
     "dormouse.train.sinkhorn_kernels",
+    "dormouse.train.momentum_kernels",
     "dormouse.train.row_sum_kernels",
 )
 

@@ -219,6 +219,48 @@ def test_state_dict_round_trip():
     assert torch.equal(w, w2)
 
 
+def test_momentum_buffers_are_views_of_one_stack_per_shape_and_survive_a_load_and_a_missing_gradient():
+    # One stack per shape group (one pass updates it); a loaded state (separate tensors) and a step where
+    # one matrix has no gradient (the group changes) each rebuild it by a copy, the buffers' values kept:
+    # the weights end bit for bit where an optimizer that never rebuilt would put them.
+    shapes = [(3, 4), (5, 2), (3, 4)]
+    w0 = [randn(*s, seed=50 + i) for i, s in enumerate(shapes)]
+    grads = [[randn(*s, seed=60 + i, step=k) for i, s in enumerate(shapes)] for k in range(4)]
+
+    def run(reload: bool):
+        ws = [nn.Parameter(w.clone()) for w in w0]
+        opt = NesterovSinkhorn(ws, lr=0.1, weight_decay=0.05)
+        for k in range(4):
+            for i, w in enumerate(ws):
+                w.grad = None if (k == 2 and i == 2) else grads[k][i].clone()  # step 2: no gradient for w2
+            opt.step()
+            bufs = [opt.state[w]["momentum_buffer"] for w in ws]
+            if k != 2:  # every matrix stepped: the two 3x4 buffers are views of one [2, 3, 4] stack
+                assert bufs[0]._base is bufs[2]._base and bufs[0]._base.shape == (2, 3, 4)
+                assert bufs[1]._base.shape == (1, 5, 2)
+            if reload and k == 1:
+                saved = io.BytesIO()
+                torch.save(opt.state_dict(), saved)
+                opt = NesterovSinkhorn(ws, lr=0.1, weight_decay=0.05)
+                opt.load_state_dict(torch.load(io.BytesIO(saved.getvalue())))
+                assert opt.state[ws[0]]["momentum_buffer"]._base is None  # separate tensors until the next step
+        return [w.detach() for w in ws]
+
+    def alone(i):  # matrix i in an optimizer of its own, skipping the step it has no gradient in
+        w = nn.Parameter(w0[i].clone())
+        opt = NesterovSinkhorn([w], lr=0.1, weight_decay=0.05)
+        for k in range(4):
+            if not (k == 2 and i == 2):
+                w.grad = grads[k][i].clone()
+                opt.step()
+        return w.detach()
+
+    straight, reloaded = run(False), run(True)
+    for i in range(3):
+        assert torch.equal(straight[i], reloaded[i]), i
+        torch.testing.assert_close(straight[i], alone(i), rtol=0, atol=1e-6)
+
+
 # ---- the update scale: why the matrices' lr is lr · 1.0 ----
 
 

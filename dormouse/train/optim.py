@@ -16,11 +16,13 @@ signal-dominated regime, independent of the gradient's scale. Nothing here is ra
 
 Orientation is `[out, in]` as `nn.Linear` stores it; the result is not transpose-symmetric.
 
-A step updates all matrices of one shape together: their look-aheads are stacked into one [N, m, n]
-tensor and normalised by one batched SR-Sinkhorn, and the momentum and weight updates are `_foreach`
-ops. The arithmetic per matrix is the same; the point is launches (a `small` model has 50 matrices in 7
-shapes, and each SR-Sinkhorn in torch's form is 40 small kernels: on CUDA dormouse's Triton kernels take
-three an iteration, 15 in all), which bound the step on a GPU.
+A step updates all matrices of one shape together: their gradients are stacked into one [N, m, n]
+tensor, their momentum buffers are views of one such stack (`_momentum`), the momentum and look-ahead
+are one pass over the two (`momentum_lookahead_`), the look-aheads are normalised by one batched
+SR-Sinkhorn, and the weight updates are `_foreach` ops. The arithmetic per matrix is the same; the point
+is launches and passes over memory (a `small` model has 50 matrices in 7 shapes, and each SR-Sinkhorn in
+torch's form is 40 small kernels: on CUDA dormouse's Triton kernels take three an iteration and one more,
+16 in all), which bound the update on a GPU.
 
 Under FSDP2 the matrices are DTensors sharded on their rows (dim 0) and the normalisation still needs
 whole matrices: the gather approach. The momentum buffer is a DTensor sharded like its parameter (so it
@@ -50,8 +52,8 @@ from dormouse.model import fused_or_plain
 SINKHORN_KERNELS_UNAVAILABLE = ledger.register(
     "optim.sinkhorn_kernels_unavailable",
     ledger.Kind.LOUD,
-    "an fp32 SR-Sinkhorn on CUDA runs dormouse's Triton kernels (train/sinkhorn_kernels.py), and they are not "
-    "importable (no Triton)",
+    "an fp32 SR-Sinkhorn (or NesterovSinkhorn's momentum) on CUDA runs dormouse's Triton kernels "
+    "(train/sinkhorn_kernels.py, train/momentum_kernels.py), and they are not importable (no Triton)",
     __name__,
 )
 
@@ -87,13 +89,30 @@ def sr_sinkhorn_torch(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return x
 
 
-def sinkhorn_kernels(device: torch.device):
-    """dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) for a stack on `device` (CUDA);
-    refused at `optim.sinkhorn_kernels_unavailable` where Triton is not importable."""
-    kernels, why = fused_or_plain.own_kernels("dormouse.train.sinkhorn_kernels")
+def sinkhorn_kernels(device: torch.device, module: str = "sinkhorn_kernels"):
+    """dormouse's Triton kernels of NesterovSinkhorn (train/<module>.py: the SR-Sinkhorn's, or
+    "momentum_kernels") for stacks on `device` (CUDA); refused at `optim.sinkhorn_kernels_unavailable`
+    where Triton is not importable."""
+    kernels, why = fused_or_plain.own_kernels(f"dormouse.train.{module}")
     if kernels is None:
-        raise ledger.refuse(SINKHORN_KERNELS_UNAVAILABLE, f"SR-Sinkhorn on {device} needs Triton ({why})")
+        raise ledger.refuse(SINKHORN_KERNELS_UNAVAILABLE, f"NesterovSinkhorn's step on {device} needs Triton ({why})")
     return kernels
+
+
+def momentum_lookahead_(g: torch.Tensor, m: torch.Tensor, beta: float, found_inf: torch.Tensor | None) -> torch.Tensor:
+    """M ← kept·M + (1 − β)·G in place, then the look-ahead U = (1 − β)·G + β·M, for a shape group's
+    stacked gradients g and momentum m [N, m, n]; kept = β, or 1 with G taken as 0 where `found_inf` is
+    non-zero (a skipped step leaves M bit for bit). U is written into g where it can be. On CUDA in fp32
+    dormouse's kernel (train/momentum_kernels.py: one pass where torch's form makes ~14); elsewhere torch's."""
+    if g.is_cuda and g.dtype == torch.float32:
+        return sinkhorn_kernels(g.device, "momentum_kernels").momentum_lookahead_(g, m, beta, found_inf)
+    kept = beta
+    if found_inf is not None:
+        run = found_inf == 0
+        g = torch.where(run, g, 0.0)  # the skipped step's gradient may be non-finite: M must not see it
+        kept = torch.where(run, beta, 1.0)
+    m.mul_(kept).add_(g, alpha=1 - beta)
+    return g.mul_(1 - beta).add_(m, alpha=beta)
 
 
 class NesterovSinkhorn(torch.optim.Optimizer):
@@ -193,24 +212,33 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         lr, decay = self._lr_and_decay(group)
         work = torch.promote_types(params[0].dtype, torch.float32)
         g = torch.stack([p.grad.to(work) for p in params])
-        bufs = []
-        for p in params:
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=work, memory_format=torch.preserve_format)
-            bufs.append(state["momentum_buffer"])
-        kept = beta
         if self.found_inf is not None:  # a skipped step leaves W and M as they were, bit for bit
             run = self.found_inf == 0
-            g = torch.where(run, g, 0.0)  # the skipped step's gradient may be non-finite: M must not see it
-            kept, lr, decay = torch.where(run, beta, 1.0), torch.where(run, lr, 0.0), torch.where(run, decay, 1.0)
-        torch._foreach_mul_(bufs, kept)
-        torch._foreach_add_(bufs, list(g.unbind(0)), alpha=1 - beta)
-        u = g.mul_(1 - beta).add_(torch.stack(bufs), alpha=beta)
+            lr, decay = torch.where(run, lr, 0.0), torch.where(run, decay, 1.0)
+        u = momentum_lookahead_(g, self._momentum(params, work), beta, self.found_inf)
         x = sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype).mul_(lr)
         if wd != 0:
             torch._foreach_mul_(params, decay)
         torch._foreach_sub_(params, list(x.unbind(0)))
+
+    def _momentum(self, params: list[torch.Tensor], work: torch.dtype) -> torch.Tensor:
+        """The momentum buffers of one shape group as one [N, m, n] stack (zeros at first), each parameter's
+        state["momentum_buffer"] a view of it, so the step updates them in one pass. Made on the first
+        step, and again (one copy) where the state holds separate tensors (loaded from a checkpoint) or
+        the group changed (a matrix without a gradient this step)."""
+        bufs = [self.state[p].get("momentum_buffer") for p in params]
+        base = None if bufs[0] is None else bufs[0]._base
+        if base is not None and base.shape == (len(params), *params[0].shape) and base.dtype == work:
+            at = base.data_ptr()
+            step = base.stride(0) * base.element_size()
+            if all(b is not None and b._base is base and b.data_ptr() == at + i * step for i, b in enumerate(bufs)):
+                return base
+        stack = torch.zeros(len(params), *params[0].shape, dtype=work, device=params[0].device)
+        for i, (p, buf) in enumerate(zip(params, bufs, strict=True)):
+            if buf is not None:
+                stack[i].copy_(buf)
+            self.state[p]["momentum_buffer"] = stack[i]
+        return stack
 
     def _update_sharded(self, params: list[DTensor], group: dict) -> None:
         """`_update` for matrices sharded on their rows (FSDP2): the momentum buffers are sharded like the

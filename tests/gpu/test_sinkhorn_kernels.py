@@ -1,5 +1,5 @@
-"""dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) against torch's form in fp64; skipped
-without CUDA.
+"""dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) against torch's form in fp64, and
+NesterovSinkhorn's momentum kernel (train/momentum_kernels.py) against its formulas; skipped without CUDA.
 
 The kernels keep the matrix as diag(r)·U·diag(c) and round in other places than torch's successive
 rescalings, summing the same squares in another order, so they are held to fp32's own error: within 4e-6
@@ -64,3 +64,23 @@ def test_a_matrix_runs_as_a_stack_of_one_and_fp64_stays_torch():
     assert matrix.shape == (96, 80) and torch.equal(matrix, optim.sr_sinkhorn(u.float().cuda(), 5)[0])
     fp64 = optim.sr_sinkhorn(u.cuda(), 5)
     assert fp64.dtype == torch.float64 and torch.equal(fp64, optim.sr_sinkhorn_torch(u.cuda(), 5, 1e-12))
+
+
+@pytest.mark.parametrize("skip", [None, False, True], ids=["no-found-inf", "run", "skipped"])
+def test_momentum_kernel_matches_fp64_and_a_skipped_step_keeps_m_bit_for_bit(skip):
+    # train/momentum_kernels.py through optim.momentum_lookahead_: M and U within fp32's error of the fp64
+    # formulas (entries of RMS ~1); a skipped step (found_inf 1, a NaN in G) leaves M bit for bit.
+    gen = torch.Generator().manual_seed(3)
+    g, m = (torch.randn(3, 1536, 512, generator=gen, dtype=torch.float64) for _ in range(2))
+    found_inf = None if skip is None else torch.tensor(float(skip), device="cuda")
+    g32, m32 = g.float().cuda(), m.float().cuda()
+    if skip:
+        g32[0, 0, 0] = float("nan")
+    before = m32.clone()
+    u = optim.momentum_lookahead_(g32, m32, 0.95, found_inf)
+    kept, g_ref = (1.0, torch.zeros_like(g)) if skip else (0.95, g)
+    m_ref = kept * m + 0.05 * g_ref
+    assert (m32.double().cpu() - m_ref).abs().max().item() <= FP32_ERROR
+    assert (u.double().cpu() - (0.05 * g_ref + 0.95 * m_ref)).abs().max().item() <= FP32_ERROR
+    if skip:
+        assert torch.equal(m32, before)
