@@ -117,9 +117,10 @@ def fla_standins(mode: Inventory):
         fwd = staticmethod(_opaque(mode, lambda q, k, v, *args, **kw: (torch.zeros_like(v), *(None,) * 11)))
 
         @staticmethod
-        def _bwd(q, k, v, beta, *args, g_org, A_log, dt_bias, **kw):  # dq, dk, db, dg, dA, dbias in fp32
-            fp32 = [torch.zeros(t.shape) for t in (q, k, beta, g_org, A_log, dt_bias)]
-            return fp32[0], fp32[1], torch.zeros_like(v), fp32[2], fp32[3], None, fp32[4], fp32[5]
+        def _bwd(q, k, v, beta, *args, g_org, A_log, dt_bias, **kw):
+            # dq, dk, db, dA, dbias in fp32; dg in g_org's dtype (fla's kda_gate_bwd: empty_like(g))
+            fp32 = [torch.zeros(t.shape) for t in (q, k, beta, A_log, dt_bias)]
+            return fp32[0], fp32[1], torch.zeros_like(v), fp32[2], torch.zeros_like(g_org), None, fp32[3], fp32[4]
 
         bwd = staticmethod(_opaque(mode, _bwd))
 
