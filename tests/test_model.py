@@ -205,9 +205,15 @@ def test_each_memory_sits_at_its_layer_with_its_own_hash_seed():
 
 
 def first_iteration_inputs(model: DormouseLM, x: torch.Tensor) -> list[torch.Tensor]:
-    """The input of each block layer in the first loop iteration of model(x)."""
+    """The input of each block layer in the first loop iteration of model(x): its x plus what is still
+    pending (a previous layer's FFN output or a memory's output, added in the layer's pre-norm)."""
     seen = []
-    hooks = [layer.register_forward_pre_hook(lambda mod, args: seen.append(args[0])) for layer in model.layers]
+
+    def record(mod, args, kwargs):
+        pending = kwargs.get("pending")
+        seen.append(args[0] if pending is None else args[0] + pending)
+
+    hooks = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in model.layers]
     model(x)
     for hook in hooks:
         hook.remove()

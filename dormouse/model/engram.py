@@ -407,8 +407,9 @@ class Engram(nn.Module):
 
     `forward(h, keys, conv_tail)`: h [B, T, d] with keys [B, T, arms] (from `self.keys`/`engram_keys`),
     or one decode position h [B, d] with keys [B, arms] (from `self.step_keys`); `conv_tail` continues
-    the conv of earlier positions (None: the sequence start). Returns (delta shaped like h,
-    EngramStats, the conv's new tail or None without the conv).
+    the conv of earlier positions (None: the sequence start). Returns (delta shaped like h, in the
+    projections' dtype (bf16 under autocast: the stream adds it in its own, model/loop.py's
+    `Stream.join`), EngramStats, the conv's new tail or None without the conv).
     """
 
     def __init__(
@@ -511,4 +512,4 @@ class Engram(nn.Module):
             delta, conv_tail = self.conv(delta[:, None] if one else delta, conv_tail)
             delta = delta[:, 0] if one else delta
         stats = EngramStats({self.layer: idx.reshape(-1)}, keys.numel())
-        return delta.to(h.dtype), stats, conv_tail
+        return delta, stats, conv_tail

@@ -27,9 +27,10 @@ class Stream:
     """What the loop carries at its positions: the residual stream `x`, or with AttnRes the list of
     sources (embedding first, then every engram and layer output) each layer input is mixed from.
 
-    The plain stream holds a block layer's output as `x` = its x + a and `pending` = its f, not yet
-    added: the next block layer adds it inside its pre-norm's kernel (`layer_input`), and every other
-    reader (an engram memory, the re-injection, the head) gets the sum (`input`), the same fp32 add."""
+    The plain stream holds a block layer's output as `x` = its x + a and `pending` = its f (or an engram
+    memory's output: `join`), not yet added: the next block layer adds it inside its pre-norm's kernel
+    (`layer_input`), and every other reader (an engram memory, MoR's router, the head) gets the sum
+    (`input`), the same fp32 add. The re-injection adds the embedding to x and leaves f pending."""
 
     def __init__(self, e: torch.Tensor, attn_res: nn.ModuleList | None):
         self.e, self.attn_res = e, attn_res
@@ -37,9 +38,11 @@ class Stream:
         self.pending: torch.Tensor | None = None
 
     def reinject(self) -> None:
-        """The start of an iteration after the first: the embedding again (AttnRes always has it as a source)."""
+        """The start of an iteration after the first: the embedding again (AttnRes always has it as a
+        source). The plain stream adds it to x; a branch output still pending stays so (the next block
+        layer's pre-norm adds it in its kernel)."""
         if self.attn_res is None:
-            self.x = self.settle() + self.e
+            self.x = self.x + self.e
 
     def input(self, j: int) -> torch.Tensor:
         """The input of block layer j; j = -1 is the hidden state the head reads."""
@@ -56,6 +59,17 @@ class Stream:
         if self.attn_res is None:
             return self.x, self.pending
         return self.input(j), None
+
+    def join(self, delta: torch.Tensor) -> None:
+        """What an engram memory adds, in its own dtype (bf16 under autocast). The plain stream holds it as
+        `pending`, as a layer's FFN output: the next block layer's pre-norm adds it in its kernel (no
+        separate add, cast or gradient sum: docs/performance.md, session 23). AttnRes takes it as a source
+        in the stream's dtype."""
+        if self.attn_res is None:
+            self.settle()
+            self.pending = delta
+        else:
+            self.sources.append(delta.to(self.e.dtype))
 
     def add(self, delta: torch.Tensor) -> None:
         if self.attn_res is None:

@@ -244,8 +244,9 @@ class DormouseLM(nn.Module):
     def _iteration(self, r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop):
         """Loop iteration r over the block's layers: updates `stream` and `out` (caches, summed layer
         terms, engram stats and tails); returns MoR's BCE term of this iteration (None when not routed)."""
-        entering, gate, bce = stream.settle(), None, None
+        gate, bce = None, None
         if r:
+            entering = stream.settle() if self.router is not None else None
             stream.reinject()
             if self.router is not None:
                 taken, gate, bce = self.router(r, entering, plan.causal)
@@ -253,7 +254,7 @@ class DormouseLM(nn.Module):
             if keys is not None and r == 0 and j in keys:
                 delta, read, out.tails[j] = self._memory(j, stream.input(j), keys[j], (conv or {}).get(j), slots)
                 out.engram = read if out.engram is None else out.engram + read
-                stream.add(engram_drop(delta))
+                stream.join(engram_drop(delta))
             cache = None if caches is None else caches[r * len(self.layers) + j]
             x, pending = stream.layer_input(j)
             branches, aux, cache = layer(x, cache, pending=pending, step=step, want_cache=want_cache, drop=drop)
