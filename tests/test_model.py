@@ -256,11 +256,17 @@ def test_grad_iterations_records_gradients_through_the_last_iterations_only():
 
 def head_input_and_logits(model: DormouseLM, x: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(the hidden state the head read, logits) of model(x) at `depth`."""
-    seen = []
-    hook = model.final_norm.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    seen, head = [], model._head
+
+    def record(h, pending=None):  # the head's hidden state: h plus what its final norm adds
+        logits, hidden = head(h, pending)
+        seen.append(hidden)
+        return logits, hidden
+
+    model._head = record
     with torch.no_grad():
         logits = model(x, depth=depth).logits
-    hook.remove()
+    del model._head
     return seen[0], logits
 
 

@@ -161,6 +161,43 @@ def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
         assert torch.equal(got, want), name
 
 
+def test_add_and_norm_for_the_head_writes_bf16_and_a_sum_nobody_reads_gets_no_gradient(monkeypatch):
+    # The final norm for the head (`for_matmul`, on an unflagged norm) writes autocast's dtype; the hidden
+    # state it returns beside is not read, so its backward kernel gets no sum gradient (None, not a
+    # tensor of zeros to fill and read), and the gradients equal the separate add and norm's.
+    from dormouse.model import norm as norm_mod
+
+    ops = stand_in_ops([])
+    fused_by_stand_ins(monkeypatch, ops)
+    seen = []
+    kernels = stand_in_add_norm_kernels(ops)
+
+    def backward(dy, normed, weight, rstd, dsum, x_dtype):
+        seen.append(dsum)
+        return kernels.backward(dy, normed, weight, rstd, dsum, x_dtype)
+
+    monkeypatch.setattr(norm_mod, "add_norm_kernels", lambda: (type("K", (), {"backward": staticmethod(backward)}), ""))
+    gen = torch.Generator().manual_seed(0)
+    a0, x0 = torch.randn(2, 3, 8, generator=gen).bfloat16(), 3 * torch.randn(2, 3, 8, generator=gen)
+    lin = torch.randn(5, 8, generator=gen)
+    results = []
+    for together in (True, False):
+        n = weighted_norm(torch.ones(8), False)
+        a, x = a0.clone().requires_grad_(), x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if together:
+                h, _ = n.add_and_norm(a, x, for_matmul=True)
+                assert h.dtype == torch.bfloat16
+            else:
+                h = n(x + a).bfloat16()
+            out = torch.nn.functional.linear(h, lin)
+        out.float().square().sum().backward()
+        results.append((out, a.grad, x.grad, n.weight.grad))
+    assert seen == [None]
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_add_and_norm_plain_is_the_sum_then_the_norm_and_refuses_a_narrower_stream():
     gen = torch.Generator().manual_seed(1)
     n = RMSNorm(8, eps=1e-6)

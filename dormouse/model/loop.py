@@ -48,6 +48,13 @@ class Stream:
         """The input of block layer j; j = -1 is the hidden state the head reads."""
         return self.settle() if self.attn_res is None else self.attn_res[j](self.sources)
 
+    def output(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The hidden state the head reads as (x, a branch output still to add to it, or None): the final
+        norm adds it in its kernel (AttnRes: its mix of the sources, nothing pending)."""
+        if self.attn_res is None:
+            return self.x, self.pending
+        return self.input(-1), None
+
     def settle(self) -> torch.Tensor:
         """`x` with the pending branch output added (the plain stream's value; AttnRes: `x` as it is)."""
         if self.pending is not None:

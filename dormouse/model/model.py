@@ -71,12 +71,13 @@ class ModelCache:
 class Trunk:
     """What the looped block gives back."""
 
-    h: torch.Tensor  # the hidden state the head reads
+    h: torch.Tensor  # the hidden state the head reads, less `pending`
     caches: list  # one mixer cache per unrolled (iteration, layer)
     aux: dict  # each auxiliary term by name
     engram: EngramStats | None  # rows/arms the memories looked up
     tails: dict  # {insertion layer: its engram conv tail}
     iterations: int  # iterations run; at decode the rest only advanced their mixer states
+    pending: torch.Tensor | None = None  # the last FFN output, still to add to h (in the final norm's kernel)
 
 
 class Layer(nn.Module):
@@ -233,7 +234,9 @@ class DormouseLM(nn.Module):
                 out.iterations = r + 1
                 if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
                     break
-        out.h = stream.input(-1)
+        # A decode step settles the stream (its skipped layers read the hidden state); a forward leaves the
+        # last FFN output for the final norm's kernel to add.
+        out.h, out.pending = (stream.input(-1), None) if step else stream.output()
         out.aux = {name: value / (out.iterations * len(self.layers)) for name, value in out.aux.items()}
         if router_bce:
             out.aux["mor_router"] = torch.stack(router_bce).mean()
@@ -300,10 +303,15 @@ class DormouseLM(nn.Module):
             keys[j], window = m.continue_keys(cache.engram.window, input_ids)
         return keys, window
 
-    def _head(self, h):
-        h = self.final_norm(h)
+    def _head(self, h, pending=None):
+        """(logits, the hidden state) of h plus `pending`, a branch output not yet added: the final norm's
+        kernel adds it and, feeding the head's matmul alone, writes the matmul's dtype (RMSNorm.add_and_norm)."""
+        if pending is None:
+            normed = self.final_norm(h)
+        else:
+            normed, h = self.final_norm.add_and_norm(pending, h, for_matmul=True)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight.to(h.dtype))
+        return F.linear(normed, weight.to(normed.dtype)), h
 
     def forward(
         self,
@@ -359,8 +367,7 @@ class DormouseLM(nn.Module):
             drop=branch,
             engram_drop=engram_drop,
         )
-        hidden = trunk.h[:, slots:]
-        logits = self._head(hidden)
+        logits, hidden = self._head(trunk.h[:, slots:], None if trunk.pending is None else trunk.pending[:, slots:])
         out = Output(logits=logits, aux=trunk.aux, engram=trunk.engram)
         if self.draft is not None and cache is None and not return_cache:
             m = self.cfg
@@ -445,12 +452,13 @@ class DormouseLM(nn.Module):
         if engram is not None:
             engram = EngramCache(window, trunk.tails)
         position = cache.position + 1
-        return self._head(trunk.h), ModelCache(trunk.caches, position, engram, trunk.iterations, trunk.h)
+        logits, hidden = self._head(trunk.h)
+        return logits, ModelCache(trunk.caches, position, engram, trunk.iterations, hidden)
 
     def _confident(self, threshold: float, h: torch.Tensor) -> bool:
         """CALM-lite's exit test on the hidden state h [B,d]: every row's top-1 probability ≥ threshold
         (the batch exits together, as in t5x's CALM)."""
-        return bool((top1_probability(self._head(h)) >= threshold).all())
+        return bool((top1_probability(self._head(h)[0]) >= threshold).all())
 
     # ---- checkpoint parts: the engram tables travel in their own file, stamped with their keys ----
 

@@ -83,19 +83,23 @@ class RMSNorm(nn.Module):
             return fn(x, self.weight, None, eps=self.eps)
         return self._plain(x)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, *, for_matmul: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + x), residual + x): the pre-norm of a residual stream `residual` that a branch's
         output `x` has just joined, the sum in residual's dtype (at least as wide as x's: the fp32 stream
         and a bf16 branch). On the fused path one kernel each way (fla's forward, dormouse's backward) forms
         the sum and normalises it, and backward adds the sum's gradient to the norm's: no separate add, cast
-        or gradient sum (docs/performance.md, session 17). One call counts once in counters.NORM."""
+        or gradient sum (docs/performance.md, session 17). `for_matmul`: this call's output feeds one matmul
+        alone, as `feeds_one_matmul` says of every call (the final norm's for the head; its other caller,
+        JEPA's teacher, wants fp32). One call counts once in counters.NORM."""
         if torch.promote_types(x.dtype, residual.dtype) != residual.dtype:
             narrower = f"{residual.dtype} is narrower than {x.dtype}"
             raise ValueError(f"add_and_norm sums into the residual's dtype: {narrower}")
         fused = resolve_norm_backend(self.backend, x.device) == "fused"
         counters.NORM.record(fused=fused)
         if fused:
-            autocast = self.feeds_one_matmul and torch.is_autocast_enabled(x.device.type)
+            autocast = (self.feeds_one_matmul or for_matmul) and torch.is_autocast_enabled(x.device.type)
             out_dtype = torch.get_autocast_dtype(x.device.type) if autocast else residual.dtype
             return _RMSNormTo.apply(x, residual, self.weight, self.eps, out_dtype)
         mixed = residual + x
@@ -125,6 +129,7 @@ class _RMSNormTo(torch.autograd.Function):
         )
         ctx.save_for_backward(normed, weight, rstd)
         ctx.x_shape, ctx.x_dtype, ctx.has_residual = x.shape, x.dtype, residual is not None
+        ctx.set_materialize_grads(False)  # a sum nobody reads (the head's hidden state) has no gradient
         y = y.view(x.shape)
         return y if residual is None else (y, normed.view(x.shape))
 
@@ -132,7 +137,7 @@ class _RMSNormTo(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor, dsum: torch.Tensor | None = None):
         ops = fla_kernels.layer_norm_ops()[0]
         normed, weight, rstd = ctx.saved_tensors
-        dy = dy.reshape(normed.shape).contiguous()
+        dy = torch.zeros_like(normed) if dy is None else dy.reshape(normed.shape).contiguous()
         if not ctx.has_residual:
             dx, dw, _, _ = ops.layer_norm_bwd(
                 dy, normed, weight, None, rstd=rstd, is_rms_norm=True, x_dtype=ctx.x_dtype
@@ -144,7 +149,8 @@ class _RMSNormTo(torch.autograd.Function):
             raise ledger.refuse(
                 FUSED_UNAVAILABLE, f"the fused add_and_norm's backward needs Triton ({why}); pass --norm-backend plain"
             )
-        dx, dresidual, dw = kernels.backward(dy, normed, weight, rstd, dsum.reshape(normed.shape), ctx.x_dtype)
+        dsum = None if dsum is None else dsum.reshape(normed.shape)
+        dx, dresidual, dw = kernels.backward(dy, normed, weight, rstd, dsum, ctx.x_dtype)
         return dx.view(ctx.x_shape), dresidual.view(ctx.x_shape), dw, None, None
 
 

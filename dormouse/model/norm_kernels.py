@@ -22,8 +22,9 @@ WARPS = 4
 
 @triton.jit
 def _add_norm_bwd_kernel(
-    s, w, rstd, dy, dsum, dx, dsum_in, dw_part, T, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr
-):
+    s, w, rstd, dy, dsum, dx, dsum_in, dw_part, T,
+    D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_DSUM: tl.constexpr,
+):  # fmt: skip
     i_t = tl.program_id(0).to(tl.int64)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d = tl.arange(0, BD)
@@ -32,13 +33,14 @@ def _add_norm_bwd_kernel(
     offs = o_t[:, None] * D + o_d[None, :]
     b_s = tl.load(s + offs, mask=m, other=0.0).to(tl.float32)
     b_dy = tl.load(dy + offs, mask=m, other=0.0).to(tl.float32)
-    b_dsum = tl.load(dsum + offs, mask=m, other=0.0).to(tl.float32)
     b_rstd = tl.load(rstd + o_t, mask=m_t, other=0.0)
     b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)
     b_xhat = b_s * b_rstd[:, None]
     b_wdy = b_dy * b_w[None, :]
     b_c1 = tl.sum(b_xhat * b_wdy, axis=1) / D
-    b_dx = (b_wdy - b_xhat * b_c1[:, None]) * b_rstd[:, None] + b_dsum
+    b_dx = (b_wdy - b_xhat * b_c1[:, None]) * b_rstd[:, None]
+    if HAS_DSUM:
+        b_dx += tl.load(dsum + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(dsum_in + offs, b_dx.to(dsum_in.dtype.element_ty), mask=m)
     tl.store(dx + offs, b_dx.to(dx.dtype.element_ty), mask=m)
     tl.store(dw_part + i_t * D + o_d, tl.sum(b_dy * b_xhat, axis=0), mask=m_d)
@@ -46,10 +48,12 @@ def _add_norm_bwd_kernel(
 
 def backward(dy, normed, weight, rstd, dsum, x_dtype):
     """Rows [T, D]: dy (the output's gradient), normed (the sum x + residual the forward normalised,
-    fp32), rstd [T] fp32, dsum (the sum's own gradient). Returns (dx in x_dtype, the residual's gradient
-    in normed's dtype, dw in weight's dtype); where x_dtype is normed's, the two gradients are one tensor."""
+    fp32), rstd [T] fp32, dsum (the sum's own gradient, or None: nothing read the sum). Returns (dx in
+    x_dtype, the residual's gradient in normed's dtype, dw in weight's dtype); where x_dtype is normed's,
+    the two gradients are one tensor."""
     T, D = normed.shape
-    dy, dsum = dy.contiguous(), dsum.contiguous()
+    dy = dy.contiguous()
+    dsum = None if dsum is None else dsum.contiguous()
     dsum_in = torch.empty_like(normed)
     dx = dsum_in if x_dtype == normed.dtype else torch.empty(T, D, dtype=x_dtype, device=normed.device)
     block = triton.next_power_of_2(D)
@@ -57,7 +61,7 @@ def backward(dy, normed, weight, rstd, dsum, x_dtype):
     programs = triton.cdiv(T, rows)
     dw_part = torch.empty(programs, D, dtype=torch.float32, device=normed.device)
     _add_norm_bwd_kernel[(programs,)](
-        normed, weight, rstd, dy, dsum, dx, dsum_in, dw_part, T, D=D, BT=rows, BD=block,
-        num_warps=WARPS,
+        normed, weight, rstd, dy, dy if dsum is None else dsum, dx, dsum_in, dw_part, T, D=D, BT=rows, BD=block,
+        HAS_DSUM=dsum is not None, num_warps=WARPS,
     )  # fmt: skip
     return dx, dsum_in, dw_part.sum(0).to(weight.dtype)

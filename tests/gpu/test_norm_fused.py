@@ -211,3 +211,8 @@ def test_the_add_norm_backward_kernel_against_fla_s_with_dres(shape):
     measured = {name: rel(a, b) for name, a, b in zip(("dx", "d residual", "dw"), ours, (dx, dres_in, dw), strict=True)}
     print("add-norm backward kernel vs fla's, max|d|/max|ref|:", measured)
     assert measured["dx"] <= 2.0**-8 and measured["d residual"] <= 1e-6 and measured["dw"] <= 1e-5, measured
+    # no sum gradient (nothing read the sum: the head's hidden state) is a sum gradient of zeros
+    kernels = add_norm_kernels()[0]
+    zeros = kernels.backward(dy, normed, w, rstd, torch.zeros_like(dsum), torch.bfloat16)
+    for got, want in zip(kernels.backward(dy, normed, w, rstd, None, torch.bfloat16), zeros, strict=True):
+        assert torch.equal(got, want)
