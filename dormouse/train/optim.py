@@ -19,10 +19,11 @@ Orientation is `[out, in]` as `nn.Linear` stores it; the result is not transpose
 A step updates all matrices of one shape together: their gradients are stacked into one [N, m, n]
 tensor, their momentum buffers are views of one such stack (`_momentum`), the momentum and look-ahead
 are one pass over the two (`momentum_lookahead_`), the look-aheads are normalised by one batched
-SR-Sinkhorn, and the weight updates are `_foreach` ops. The arithmetic per matrix is the same; the point
-is launches and passes over memory (a `small` model has 50 matrices in 7 shapes, and each SR-Sinkhorn in
-torch's form is 40 small kernels: on CUDA dormouse's Triton kernels take three an iteration and one more,
-16 in all), which bound the update on a GPU.
+SR-Sinkhorn, and the weight updates are `_foreach` ops; on CUDA in fp32 the Sinkhorn kernels' last pass
+writes the weight update itself (`sinkhorn_step_`, through a table of the matrices' addresses). The
+arithmetic per matrix is the same; the point is launches and passes over memory (a `small` model has 50
+matrices in 7 shapes, and each SR-Sinkhorn in torch's form is 40 small kernels: on CUDA dormouse's
+Triton kernels take three an iteration and one more, 16 in all), which bound the update on a GPU.
 
 Under FSDP2 the matrices are DTensors sharded on their rows (dim 0) and the normalisation still needs
 whole matrices: the gather approach. The momentum buffer is a DTensor sharded like its parameter (so it
@@ -148,6 +149,7 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         # device with every weight and buffer left bit-identical; None steps unconditionally.
         self.found_inf: torch.Tensor | None = None
         self._lr_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # group index -> (η, 1 − ηλ)
+        self._address_tables: dict[tuple[int, ...], torch.Tensor] = {}  # a shape group's matrices' addresses
 
     def load_lr_(self) -> None:
         """Capturable mode: copy each group's lr η and weight-decay factor 1 − ηλ (computed in Python, as
@@ -216,10 +218,26 @@ class NesterovSinkhorn(torch.optim.Optimizer):
             run = self.found_inf == 0
             lr, decay = torch.where(run, lr, 0.0), torch.where(run, decay, 1.0)
         u = momentum_lookahead_(g, self._momentum(params, work), beta, self.found_inf)
+        if u.is_cuda and u.dtype == params[0].dtype == torch.float32:  # X and the step in the weights
+            table = self._addresses(params)
+            sinkhorn_kernels(u.device).sinkhorn_step_(u, group["iters"], group["eps"], table, lr, decay)
+            return
         x = sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype).mul_(lr)
         if wd != 0:
             torch._foreach_mul_(params, decay)
         torch._foreach_sub_(params, list(x.unbind(0)))
+
+    def _addresses(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The int64 addresses of a shape group's matrices on their device, for the SR-Sinkhorn kernels'
+        step (train/sinkhorn_kernels.py `sinkhorn_step_`): made once per group (the first, eager, update;
+        a captured one finds it), again only if a matrix moved."""
+        key = tuple(p.data_ptr() for p in params)
+        table = self._address_tables.get(key)
+        if table is None:
+            if any(not p.is_contiguous() for p in params):
+                raise ValueError("NesterovSinkhorn's CUDA step writes contiguous matrices; got a strided one")
+            table = self._address_tables[key] = torch.tensor(key, dtype=torch.int64).to(params[0].device)
+        return table
 
     def _momentum(self, params: list[torch.Tensor], work: torch.dtype) -> torch.Tensor:
         """The momentum buffers of one shape group as one [N, m, n] stack (zeros at first), each parameter's

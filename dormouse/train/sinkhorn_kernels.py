@@ -14,10 +14,13 @@ the end one pass writes X = r_i · U_ij · c_j.
 
 An iteration reads U twice (the row norms, one program a row; the column sums of squares in blocks of
 rows) and writes nothing of its size; a tiny kernel adds each column's blocks in a fixed order and
-updates c. The previous kernels (session 18) rescaled the matrix in place, five passes of it an
-iteration, 0.41 ms a `small` step on the H200; the arithmetic differs from torch's form only in where
-it rounds (products of scales instead of successive rescalings) and in the order of the sums, within
-fp32's error (tests/gpu/test_sinkhorn_kernels.py). fp32 only: fp64, the reference precision, stays
+updates c. `sinkhorn_step_` ends in NesterovSinkhorn's step itself, W ← W · decay − lr · X written into
+the weights (their addresses in a table: the matrices of a shape are separate tensors), so X, X · lr and
+the decayed W are never tensors of their own. The previous kernels (session 18) rescaled the matrix in
+place, five passes of it an iteration, 0.41 ms a `small` step on the H200. The arithmetic differs from
+torch's form only in where it rounds (products of scales instead of successive rescalings; the step's
+product and difference perhaps fused into one rounding) and in the order of the sums, within fp32's
+error (tests/gpu/test_sinkhorn_kernels.py). fp32 only: fp64, the reference precision, stays
 torch's. Blocks are fixed: no autotuning, the same kernels in every process, the same bits every call.
 
 Imported only where Triton is (CUDA machines): `optim.sinkhorn_kernels()` looks it up.
@@ -96,28 +99,37 @@ def _columns_kernel(part, c, n, parts, target, eps, PB: tl.constexpr, BC: tl.con
 
 
 @triton.jit
-def _apply_kernel(u, r, c, x, m, n, BR: tl.constexpr, BC: tl.constexpr):
-    """x = r_i · u_ij · c_j."""
+def _apply_kernel(
+    u, r, c, x, lr, decay, m, n, BR: tl.constexpr, BC: tl.constexpr, STEP: tl.constexpr, IN_MEMORY: tl.constexpr
+):
+    """x = r_i · u_ij · c_j. STEP: W ← W · decay − lr · x instead, W the fp32 matrix whose address x (an int64
+    table) holds for this matrix of the stack; lr and decay numbers, or IN_MEMORY: the addresses of two."""
     mat, i_c, i_r = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     cols = i_c * BC + tl.arange(0, BC)
     rows = i_r * BR + tl.arange(0, BR)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
-    offs = mat * m * n + rows[:, None] * n + cols[None, :]
     b_r = tl.load(r + mat * m + rows, mask=rows < m, other=0.0)
     b_c = tl.load(c + mat * n + cols, mask=cols < n, other=0.0)
-    v = tl.load(u + offs, mask=mask, other=0.0)
-    tl.store(x + offs, (b_r[:, None] * v) * b_c[None, :], mask=mask)
+    v = tl.load(u + mat * m * n + rows[:, None] * n + cols[None, :], mask=mask, other=0.0)
+    b_x = (b_r[:, None] * v) * b_c[None, :]
+    if STEP:
+        w = tl.load(x + mat).to(tl.pointer_type(tl.float32)) + rows[:, None] * n + cols[None, :]
+        s_lr = tl.load(lr) if IN_MEMORY else lr
+        s_decay = tl.load(decay) if IN_MEMORY else decay
+        tl.store(w, tl.load(w, mask=mask, other=0.0) * s_decay - b_x * s_lr, mask=mask)
+    else:
+        tl.store(x + mat * m * n + rows[:, None] * n + cols[None, :], b_x, mask=mask)
 
 
-def sr_sinkhorn(u: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """SR-Sinkhorn of a CUDA fp32 stack u [N, m, n], in a new tensor; u unchanged."""
+def _check(u: torch.Tensor) -> torch.Tensor:
     if u.dtype != torch.float32 or u.ndim != 3:
         raise ValueError(f"the SR-Sinkhorn kernels take an fp32 stack [N, m, n]; got {u.dtype} {tuple(u.shape)}")
-    u = u.contiguous()
+    return u.contiguous()
+
+
+def _scales(u: torch.Tensor, iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r [N, m], c [N, n]) of the SR-Sinkhorn of u: X = diag(r) · u · diag(c) (module docstring)."""
     N, m, n = u.shape
-    x = torch.empty_like(u)
-    if u.numel() == 0:
-        return x
     r = torch.empty(N, m, dtype=u.dtype, device=u.device)  # written by the first iteration
     c = torch.empty(N, n, dtype=u.dtype, device=u.device)
     parts = triton.cdiv(m, ROWS_PER_PART)
@@ -130,6 +142,37 @@ def sr_sinkhorn(u: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
         _columns_kernel[(N, col_blocks)](
             part, c, n, parts, math.sqrt(m), eps, PB=PARTS_AT_ONCE, BC=COLUMN_BLOCK, FIRST=i == 0
         )
+    return r, c
+
+
+def _apply(u, r, c, x, lr, decay, *, step: bool, in_memory: bool) -> None:
+    N, m, n = u.shape
     rows_of, cols_of = TILE
-    _apply_kernel[(N, triton.cdiv(n, cols_of), triton.cdiv(m, rows_of))](u, r, c, x, m, n, BR=rows_of, BC=cols_of)
+    grid = (N, triton.cdiv(n, cols_of), triton.cdiv(m, rows_of))
+    _apply_kernel[grid](u, r, c, x, lr, decay, m, n, BR=rows_of, BC=cols_of, STEP=step, IN_MEMORY=in_memory)
+
+
+def sr_sinkhorn(u: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """SR-Sinkhorn of a CUDA fp32 stack u [N, m, n], in a new tensor; u unchanged."""
+    u = _check(u)
+    x = torch.empty_like(u)
+    if u.numel():
+        r, c = _scales(u, iters, eps)
+        _apply(u, r, c, x, 0.0, 0.0, step=False, in_memory=False)
     return x
+
+
+def sinkhorn_step_(u: torch.Tensor, iters: int, eps: float, weights: torch.Tensor, lr, decay) -> None:
+    """W_i ← W_i · decay − lr · X_i for X the SR-Sinkhorn of a CUDA fp32 stack u [N, m, n], written into
+    the N contiguous fp32 [m, n] matrices whose addresses `weights` (int64 [N], on u's device) holds:
+    NesterovSinkhorn's step without X or its products as tensors of their own. lr and decay are both
+    numbers or both 0-dim fp32 tensors on u's device (a captured step reads them there)."""
+    u = _check(u)
+    if weights.shape != (u.shape[0],) or weights.dtype != torch.int64 or weights.device != u.device:
+        raise ValueError(f"weights must be the {u.shape[0]} matrices' int64 addresses on {u.device}")
+    in_memory = isinstance(lr, torch.Tensor)
+    if in_memory != isinstance(decay, torch.Tensor):
+        raise TypeError("lr and decay must both be numbers or both be tensors")
+    if u.numel():
+        r, c = _scales(u, iters, eps)
+        _apply(u, r, c, weights, lr, decay, step=True, in_memory=in_memory)

@@ -84,3 +84,30 @@ def test_momentum_kernel_matches_fp64_and_a_skipped_step_keeps_m_bit_for_bit(ski
     assert (u.double().cpu() - (0.05 * g_ref + 0.95 * m_ref)).abs().max().item() <= FP32_ERROR
     if skip:
         assert torch.equal(m32, before)
+
+
+@pytest.mark.parametrize("capturable", [False, True], ids=["lr-numbers", "lr-tensors"])
+def test_nesterov_sinkhorn_on_cuda_steps_the_weights_as_fp64_torch(capturable):
+    # On CUDA in fp32 the step ends in the Sinkhorn kernels' last pass, written into the weights through
+    # a table of their addresses (sinkhorn_step_): three steps of two shape groups within fp32's error of
+    # the same optimizer in fp64 on the CPU (torch's form), the momentum too.
+    gen = torch.Generator().manual_seed(4)
+    shapes = [(1536, 512), (512, 512), (1536, 512)]
+    w0 = [torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes]
+    grads = [[torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(3)]
+    results = {}
+    for device, dtype in (("cuda", torch.float32), ("cpu", torch.float64)):
+        ws = [torch.nn.Parameter(w.to(device, dtype)) for w in w0]
+        opt = optim.NesterovSinkhorn(ws, lr=0.01, weight_decay=0.1, capturable=capturable and device == "cuda")
+        for step in grads:
+            for w, g in zip(ws, step, strict=True):
+                w.grad = g.to(device, dtype)
+            if opt.capturable:
+                opt.load_lr_()
+            opt.step()
+        results[device] = (
+            [w.detach().double().cpu() for w in ws],
+            [opt.state[w]["momentum_buffer"].double().cpu() for w in ws],
+        )
+    for got, want in zip(*(sum(results[d], []) for d in ("cuda", "cpu")), strict=True):
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
