@@ -10,14 +10,17 @@
 #   - SR-Sinkhorn as two scale vectors (train/sinkhorn_kernels.py): two reads of each matrix an iteration
 #     where there were five passes, ~0.7 GB;
 #   - NesterovSinkhorn's momentum stacked per shape and updated with the look-ahead in one pass
-#     (train/momentum_kernels.py), ~0.6 GB.
-# Carry .base-tree with a1ae8ce (session 23's start), .whl, .gpu-data/ts-val, .device-commit, .triton-cache.
+#     (train/momentum_kernels.py), ~0.6 GB; the Sinkhorn's last pass writes the step into the weights
+#     (sinkhorn_step_), ~0.35 GB; the tables' row sums one warp a row.
+# Carry .base-tree with a1ae8ce (session 23's start) and ee12c44 (branch s23-model-arm: a1ae8ce with the
+# model's changes alone, the gate and the joins), .whl, .gpu-data/ts-val, .device-commit, .triton-cache.
 #  1. GPU tests: the gate's kernels against float64 and a model's gate fused against plain; the Sinkhorn
 #     and momentum kernels against fp64; the graphed step (eager parity, the captured update) and decode;
 #     the norms (the add-norm backward without a sum gradient); the eval's precision.
 #  2. benches/sinkhorn_probe.py: these Sinkhorn kernels against a1ae8ce's in the same replays.
 #  3. The cold start at B 10 (two new kernels compile).
-#  4. B 64 interleaved three times: a1ae8ce, this commit; then a profile of this commit.
+#  4. B 64 interleaved three times: a1ae8ce, ee12c44 (the model's changes), this commit (and the update's);
+#     then a profile of this commit.
 # Then benches/sessions/next-h200-fla-pin.sh (fla's kernel choices at B 64).
 V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V"
@@ -28,6 +31,7 @@ cmds+=("$(timed sinkhorn-probe "python3 benches/sinkhorn_probe.py --against .bas
 cmds+=("$(timed cold-b10 "TRITON_CACHE_DIR=\$(mktemp -d) python3 -m dormouse bench $S --batch-size 10 --note 'batch 10, empty Triton cache (cold start), session 23 (gate, joins, Sinkhorn, momentum)'")")
 interleaved 3 \
   b64-a1ae8ce "$(base_bench a1ae8ce) --batch-size 64 --note 'batch 64, a1ae8ce (session 23 start), round \$round of 3'" \
-  b64-gate-sinkhorn "python3 -m dormouse bench $S --batch-size 64 --note 'batch 64, session 23 (gate, joins, Sinkhorn, momentum), round \$round of 3'"
+  b64-ee12c44 "$(base_bench ee12c44) --batch-size 64 --note 'batch 64, ee12c44 (session 23 model changes: gate, joins), round \$round of 3'" \
+  b64-session23 "python3 -m dormouse bench $S --batch-size 64 --note 'batch 64, session 23 (gate, joins, Sinkhorn, momentum), round \$round of 3'"
 cmds+=("$(timed profile-b64 "python3 -m dormouse bench $S --batch-size 64 --profile 3 --note 'batch 64, session 23 (gate, joins, Sinkhorn, momentum), profiled'" 'ms_per_step|Error')")
 exec bash benches/gpu_session.sh "${cmds[@]}"
