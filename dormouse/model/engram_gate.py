@@ -12,8 +12,9 @@ reads h, k and v once and writes the gated value.
 
 The gate is the memory's two norms and their inner product, so it follows `--norm-backend`: fused where
 both norms resolve to fused (auto: on CUDA), counted as their two calls in counters.NORM, and refused at
-`norm.fused_unavailable` where the kernels cannot run. Either way v and k come from one matmul of e
-(`projections.project`), so e is cast to bf16 once and its gradient is one matmul's.
+`norm.fused_unavailable` where the kernels cannot run. Under autograd, either way, v and k come from one
+matmul of e (`projections.project`), so e is cast to bf16 once and its gradient is one matmul's; without
+it (evals, decoding) the two Linears run alone, as the projections' docstring explains.
 """
 
 import torch
