@@ -94,7 +94,9 @@ def look_up_rows_(
     with torch.no_grad():
         looked_up = table_rows(model, x) if looked_up is None else looked_up
         for j, m in model.memories():
-            rows[j].copy_(m.table(looked_up[j]))
+            # gathered straight into the static rows: nn.Embedding's gather, without its tensor and a copy
+            idx = looked_up[j].reshape(-1)
+            torch.index_select(m.table.weight, 0, idx, out=rows[j].detach().view(idx.shape[0], m.dim))
     return looked_up
 
 
