@@ -76,6 +76,7 @@ TRITON_ONLY = (
     "dormouse.train.sinkhorn_kernels",
     "dormouse.train.momentum_kernels",
     "dormouse.train.row_sum_kernels",
+    "dormouse.train.row_adam_kernels",
 )
 
 

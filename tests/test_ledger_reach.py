@@ -106,10 +106,10 @@ def optim_sinkhorn_kernels_unavailable(tmp: Path, monkeypatch) -> None:
 
 def sparse_row_sum_kernels_unavailable(tmp: Path, monkeypatch) -> None:
     from dormouse.model import fused_or_plain
-    from dormouse.train.sparse import row_sum_kernels
+    from dormouse.train.sparse import table_kernels
 
     monkeypatch.setattr(fused_or_plain, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
-    row_sum_kernels(torch.device("cuda"))
+    table_kernels(torch.device("cuda"))
 
 
 def precision_triton_switch(tmp: Path, monkeypatch) -> None:

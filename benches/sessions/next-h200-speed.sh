@@ -11,11 +11,13 @@
 #     where there were five passes, ~0.7 GB;
 #   - NesterovSinkhorn's momentum stacked per shape and updated with the look-ahead in one pass
 #     (train/momentum_kernels.py), ~0.6 GB; the Sinkhorn's last pass writes the step into the weights
-#     (sinkhorn_step_), ~0.35 GB; the tables' row sums one warp a row.
+#     (sinkhorn_step_), ~0.35 GB; SparseRowAdam's rows in one pass (train/row_adam_kernels.py); the
+#     tables' row sums one warp a row; the staged rows gathered into the static rows directly.
 # Carry .base-tree with a1ae8ce (session 23's start) and ee12c44 (branch s23-model-arm: a1ae8ce with the
 # model's changes alone, the gate and the joins), .whl, .gpu-data/ts-val, .device-commit, .triton-cache.
 #  1. GPU tests: the gate's kernels against float64 and a model's gate fused against plain; the Sinkhorn
-#     and momentum kernels against fp64; the graphed step (eager parity, the captured update) and decode;
+#     and momentum kernels against fp64, SparseRowAdam's kernel against the torch path; the graphed step
+#     (eager parity, the captured update) and decode;
 #     the norms (the add-norm backward without a sum gradient); the eval's precision.
 #  2. benches/sinkhorn_probe.py: these Sinkhorn kernels against a1ae8ce's in the same replays.
 #  3. The cold start at B 10 (two new kernels compile).
@@ -26,7 +28,7 @@ V=.gpu-data/ts-val
 S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V"
 source benches/sessions/timed.sh
 export TRITON_CACHE_BACK=1
-cmds=("$(pytest_cmd gpu-session23 360 tests/gpu/test_engram_gate_fused.py tests/gpu/test_sinkhorn_kernels.py tests/gpu/test_graphed_step.py tests/gpu/test_graphed_decode.py tests/gpu/test_norm_fused.py tests/gpu/test_eval_precision.py)")
+cmds=("$(pytest_cmd gpu-session23 360 tests/gpu/test_engram_gate_fused.py tests/gpu/test_sinkhorn_kernels.py tests/gpu/test_graphed_step.py tests/gpu/test_graphed_decode.py tests/gpu/test_norm_fused.py tests/gpu/test_row_plan.py tests/gpu/test_eval_precision.py)")
 cmds+=("$(timed sinkhorn-probe "python3 benches/sinkhorn_probe.py --against .base-tree/a1ae8ce/dormouse/train/sinkhorn_kernels.py" 'us|Error')")
 cmds+=("$(timed cold-b10 "TRITON_CACHE_DIR=\$(mktemp -d) python3 -m dormouse bench $S --batch-size 10 --note 'batch 10, empty Triton cache (cold start), session 23 (gate, joins, Sinkhorn, momentum)'")")
 interleaved 3 \

@@ -152,27 +152,37 @@ class SparseRowAdam(torch.optim.Optimizer):
                 g = g.to(m_all.dtype)
                 # Every row of idx is gathered and written back; a row with a zero gradient (keep False)
                 # gets its old count, moments and weight again, bit for bit.
-                k = keep.unsqueeze(1)
                 s = s_all.index_select(0, idx) + keep
+                with _distinct_rows_write():  # idx: coalesced, so distinct
+                    s_all.index_copy_(0, idx, s)
+                self._rows_updated.append(keep.sum())
+                # lr 0: the moments and counts move as in Adam; the weights stay bit-identical. Else the
+                # bias corrections per row, in float64 (as torch.optim.Adam's Python-float scalars); a
+                # never-updated row (count 0, not kept) is corrected as if at 1 and then not written.
+                step_size = bc2_sqrt = None
+                if lr != 0:
+                    sf = s.clamp(min=1).to(torch.float64)
+                    step_size = (lr / (1 - torch.pow(beta1, sf))).to(m_all.dtype)
+                    bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, sf)).to(m_all.dtype)
+                if p.is_cuda and m_all.dtype == torch.float32:  # one pass over the rows (row_adam_kernels.py)
+                    table_kernels(p.device, "row_adam_kernels").row_adam_(
+                        idx, g.contiguous(), keep, step_size, bc2_sqrt, m_all, v_all, p, (beta1, beta2), eps
+                    )
+                    continue
+                k = keep.unsqueeze(1)
                 m_old, v_old = m_all.index_select(0, idx), v_all.index_select(0, idx)
                 m = torch.where(k, m_old.mul(beta1).add_(g, alpha=1 - beta1), m_old)
                 v = torch.where(k, v_old.mul(beta2).addcmul_(g, g, value=1 - beta2), v_old)
-                with _distinct_rows_write():  # idx: coalesced, so distinct
-                    s_all.index_copy_(0, idx, s)
+                with _distinct_rows_write():
                     m_all.index_copy_(0, idx, m)
                     v_all.index_copy_(0, idx, v)
-                self._rows_updated.append(keep.sum())
-                if lr == 0:
-                    continue  # the moments and counts move as in Adam; the weights stay bit-identical
-                # Bias corrections per row, in float64 (as torch.optim.Adam's Python-float scalars); a
-                # never-updated row (count 0, not kept) is corrected as if at 1 and then not written.
-                sf = s.clamp(min=1).to(torch.float64)
-                step_size = (lr / (1 - torch.pow(beta1, sf))).to(m.dtype).unsqueeze(1)
-                bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, sf)).to(m.dtype).unsqueeze(1)
-                denom = v.sqrt().div_(bc2_sqrt).add_(eps)
+                if step_size is None:
+                    continue
+                denom = v.sqrt().div_(bc2_sqrt.unsqueeze(1)).add_(eps)
                 w = p.index_select(0, idx).to(m.dtype)
                 with _distinct_rows_write():
-                    p.index_copy_(0, idx, torch.where(k, w - step_size * (m / denom), w).to(p.dtype))
+                    update = w - step_size.unsqueeze(1) * (m / denom)
+                    p.index_copy_(0, idx, torch.where(k, update, w).to(p.dtype))
         return loss
 
     @property
@@ -220,20 +230,19 @@ class SparseRowAdam(torch.optim.Optimizer):
 ROW_SUM_KERNELS_UNAVAILABLE = ledger.register(
     "sparse.row_sum_kernels_unavailable",
     ledger.Kind.LOUD,
-    "a table gradient coalesced on CUDA by a RowPlan (a --cuda-graph step) runs dormouse's Triton kernel "
-    "(train/row_sum_kernels.py), and it is not importable (no Triton)",
+    "a table gradient coalesced on CUDA by a RowPlan (a --cuda-graph step), or SparseRowAdam's fp32 step on "
+    "CUDA, runs dormouse's Triton kernels (train/row_sum_kernels.py, train/row_adam_kernels.py), and they are "
+    "not importable (no Triton)",
     __name__,
 )
 
 
-def row_sum_kernels(device: torch.device):
-    """dormouse's row-sum Triton kernel (train/row_sum_kernels.py) for a gradient on `device` (CUDA);
-    refused at `sparse.row_sum_kernels_unavailable` where Triton is not importable."""
-    kernels, why = fused_or_plain.own_kernels("dormouse.train.row_sum_kernels")
+def table_kernels(device: torch.device, module: str = "row_sum_kernels"):
+    """dormouse's Triton kernels for the tables on `device` (CUDA): train/<module>.py, the row sums' or
+    "row_adam_kernels"; refused at `sparse.row_sum_kernels_unavailable` where Triton is not importable."""
+    kernels, why = fused_or_plain.own_kernels(f"dormouse.train.{module}")
     if kernels is None:
-        raise ledger.refuse(
-            ROW_SUM_KERNELS_UNAVAILABLE, f"coalescing a table gradient on {device} needs Triton ({why})"
-        )
+        raise ledger.refuse(ROW_SUM_KERNELS_UNAVAILABLE, f"the engram tables' kernels on {device} need Triton ({why})")
     return kernels
 
 
@@ -276,7 +285,7 @@ class RowPlan:
         k = self.count
         bounds = torch.nonzero_static(self.starts, size=k + 1, fill_value=self.starts.shape[0]).squeeze(1)
         if values.is_cuda:
-            summed = row_sum_kernels(values.device).row_sums(values, self.order, bounds)
+            summed = table_kernels(values.device).row_sums(values, self.order, bounds)
         else:
             segment = torch.cumsum(self.starts, 0) - 1  # each sorted position's distinct row
             summed = values.new_zeros((k, values.shape[1])).index_add_(0, segment, values.index_select(0, self.order))
