@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-TILE = 2048  # elements of one [rows, D] tile: 32 rows of an engram row of 64
+TILE = 1024  # elements of one [rows, D] tile: 16 rows of 64, 8 a thread (95 registers, not 206 at 2048)
 WARPS = 4
 
 

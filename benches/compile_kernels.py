@@ -1,0 +1,112 @@
+"""Compile dormouse's own Triton kernels for the H200 (sm_90) on a machine without a GPU.
+
+Each kernel variant the `small` step launches at B 64 is compiled ahead of time by Triton for an sm_90
+target, and its PTX assembled by Triton's bundled ptxas with `-v`: a kernel that does not compile fails
+here rather than in a device call, and the registers a thread takes and any spills are printed (a
+memory-bound kernel that spills, or whose registers leave few warps per SM, is a candidate for other
+blocks). It does not run anything: the numbers are the GPU tests' and the interpreter's (docs/performance.md).
+
+    pip install triton==3.6.0   # the CPU set-up has no Triton; the wheel carries ptxas
+    python benches/compile_kernels.py [--only NAME]
+"""
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler.errors import CompilationError
+
+TARGET = GPUTarget("cuda", 90, 32)  # the H200
+
+
+def _kernels() -> list[tuple[str, object, dict, dict, int]]:
+    """(name, jit function, signature, constexprs, warps) of each variant `small` launches at B 64."""
+    from dormouse.model import engram_gate_kernels as gate
+    from dormouse.model import norm_kernels
+    from dormouse.train import momentum_kernels, row_adam_kernels, row_sum_kernels
+    from dormouse.train import sinkhorn_kernels as sk
+
+    out = []
+
+    def add(name: str, fn, spec: str, constexprs: dict, warps: int = 4) -> None:
+        out.append((name, fn, dict(item.split(":") for item in spec.split()), constexprs, warps))
+
+    d = {"D": 512, "BD": 512}
+    gate_io = "h:*fp32 v:*bf16 k:*bf16 w_h:*fp32 w_k:*fp32"
+    add("engram gate forward", gate._fwd_kernel,
+        f"{gate_io} out:*bf16 rstd_h:*fp32 rstd_k:*fp32 alpha:*fp32 N:i32 s_h:i32 s_v:i32 s_k:i32 eps_h:fp32 "
+        "eps_k:fp32 scale:fp32", {**d, "BT": 4}, gate.WARPS)  # fmt: skip
+    add("engram gate backward", gate._bwd_kernel,
+        f"{gate_io} rstd_h:*fp32 rstd_k:*fp32 alpha:*fp32 g:*bf16 dh:*fp32 dv:*bf16 dk:*bf16 dwh_part:*fp32 "
+        "dwk_part:*fp32 N:i32 s_h:i32 s_v:i32 s_k:i32 s_g:i32 s_dv:i32 s_dk:i32 scale:fp32",
+        {**d, "BT": 4, "LOOPS": gate.LOOPS}, gate.WARPS)  # fmt: skip
+    for first in (True, False):
+        add(f"sinkhorn rows first={first}", sk._rows_kernel, "u:*fp32 r:*fp32 c:*fp32 m:i32 n:i32 target:fp32 eps:fp32",
+            {"BLOCK": 2048, "WHOLE": True, "FIRST": first})  # fmt: skip
+        add(f"sinkhorn columns first={first}", sk._columns_kernel,
+            "part:*fp32 c:*fp32 n:i32 parts:i32 target:fp32 eps:fp32",
+            {"PB": sk.PARTS_AT_ONCE, "BC": sk.COLUMN_BLOCK, "FIRST": first})  # fmt: skip
+    add("sinkhorn column parts", sk._column_parts_kernel, "u:*fp32 r:*fp32 part:*fp32 m:i32 n:i32 parts:i32",
+        {"RB": sk.ROWS_PER_PART, "BC": sk.COLUMN_BLOCK})  # fmt: skip
+    for step, in_memory, x, s in ((False, False, "*fp32", "fp32"), (True, True, "*i64", "*fp32"),
+                                  (True, False, "*i64", "fp32")):  # fmt: skip
+        add(f"sinkhorn apply step={step} in_memory={in_memory}", sk._apply_kernel,
+            f"u:*fp32 r:*fp32 c:*fp32 x:{x} lr:{s} decay:{s} m:i32 n:i32",
+            {"BR": sk.TILE[0], "BC": sk.TILE[1], "STEP": step, "IN_MEMORY": in_memory})  # fmt: skip
+    for skippable in (True, False):
+        add(f"momentum skippable={skippable}", momentum_kernels._momentum_kernel,
+            "g:*fp32 m:*fp32 found_inf:*fp32 n:i64 beta:fp32 one_minus_beta:fp32",
+            {"SKIPPABLE": skippable, "BLOCK": momentum_kernels.BLOCK}, momentum_kernels.WARPS)  # fmt: skip
+    for update_w in (True, False):
+        add(f"row adam update_w={update_w}", row_adam_kernels._row_adam_kernel,
+            "idx:*i64 g:*fp32 keep:*i1 step_size:*fp32 bc2:*fp32 m_all:*fp32 v_all:*fp32 w_all:*fp32 k:i32 "
+            "beta1:fp32 one_minus_beta1:fp32 beta2:fp32 one_minus_beta2:fp32 eps:fp32",
+            {"D": 64, "BR": row_adam_kernels.TILE // 64, "BD": 64, "UPDATE_W": update_w},
+            row_adam_kernels.WARPS)  # fmt: skip
+    for has_dsum in (True, False):
+        add(f"add-norm backward has_dsum={has_dsum}", norm_kernels._add_norm_bwd_kernel,
+            "s:*fp32 w:*fp32 rstd:*fp32 dy:*bf16 dsum:*fp32 dx:*bf16 dsum_in:*fp32 dw_part:*fp32 T:i32",
+            {**d, "BT": 16, "HAS_DSUM": has_dsum}, norm_kernels.WARPS)  # fmt: skip
+    add("row sums", row_sum_kernels._row_sums_kernel, "values:*fp32 order:*i64 bounds:*i64 out:*fp32",
+        {"D": 64, "BLOCK": 64}, row_sum_kernels._warps(64))  # fmt: skip
+    return out
+
+
+def _ptxas_report(ptx: str) -> str:
+    """ptxas -v's line for the kernel: registers, spills, shared memory."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        done = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    regs = re.search(r"Used (\d+) registers", done.stderr)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    return f"{regs.group(1) if regs else '?'} registers, spills {spills.group(1)}/{spills.group(2)} bytes"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="compile the variants whose name contains this")
+    args = ap.parse_args()
+    failed = 0
+    for name, fn, signature, constexprs, warps in _kernels():
+        if args.only and args.only not in name:
+            continue
+        full = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+        try:
+            kernel = triton.compile(ASTSource(fn, full, constexprs), target=TARGET, options={"num_warps": warps})
+            print(f"{name}: ok, {warps} warps, {_ptxas_report(kernel.asm['ptx'])}")
+        except (CompilationError, subprocess.CalledProcessError, RuntimeError) as err:  # report it, go on
+            failed += 1
+            print(f"{name}: FAILED {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
