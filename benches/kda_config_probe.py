@@ -1,7 +1,8 @@
 """Probe fla's KDA kernel choices at the model's batch: for each of the four largest autotuned KDA kernels, every
-configuration it may take, timed as the whole forward and backward of one layer's mixer (model/kda_fla.py's
-Function at [B, T, H, K] in bf16 with the layer's options: the gate and beta's sigmoid in the kernel,
-safe_gate, the forward's intermediates kept), the other kernels as pinned. The pin
+configuration it may take (and its 4-warp ones with 8 warps, outside fla's list), timed as the whole
+forward and backward of one layer's mixer (model/kda_fla.py's Function at [B, T, H, K] in bf16 with the
+layer's options: the gate and beta's sigmoid in the kernel, safe_gate, the forward's intermediates
+kept), the other kernels as pinned. The pin
 (dormouse/model/fla_configs) holds Triton's choices at batch 10 (fla's keys leave the batch out): this
 says what batch 64 would choose and save. With --out DIR it writes DIR/pin: the committed pin with each
 kernel's fastest configuration here where it beat the pinned one by more than --margin (for a bench run
@@ -15,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import torch
+import triton
 from conv_probe import median_ms
 from triton.runtime.errors import OutOfResources
 
@@ -35,6 +37,21 @@ PIN = Path(__file__).resolve().parents[1] / "dormouse/model/fla_configs/NVIDIA_H
 
 def describe(config) -> str:
     return f"{dict(config.kwargs)} warps {config.num_warps} stages {config.num_stages}"
+
+
+def wider(configs: list) -> list:
+    """Each 4-warp config with 8 warps, where fla's list has none: fla offers the wy_dqkg backward only 2
+    or 4 warps on Hopper, and with 4 its pinned config spills ~4 KB a thread where 8 spill ~0.3 KB
+    (benches/compile_kernels.py's ptxas report, session 23: a lead, not a measurement)."""
+    listed = {describe(c) for c in configs}
+    out = []
+    for c in configs:
+        if c.num_warps == 4:
+            w = triton.Config(dict(c.kwargs), num_warps=8, num_stages=c.num_stages)
+            if describe(w) not in listed:
+                listed.add(describe(w))
+                out.append(w)
+    return out
 
 
 def main() -> None:
@@ -73,7 +90,7 @@ def main() -> None:
             continue
         pinned = dict(tuner.cache)
         results = []
-        for config in tuner.configs:
+        for config in tuner.configs + wider(tuner.configs):
             tuner.cache.update(dict.fromkeys(pinned, config))
             try:
                 step()
