@@ -42,7 +42,7 @@ def describe(config) -> str:
 def wider(configs: list) -> list:
     """Each 4-warp config with 8 warps, where fla's list has none: fla offers the wy_dqkg backward only 2
     or 4 warps on Hopper, and with 4 its pinned config spills ~4 KB a thread where 8 spill ~0.3 KB
-    (benches/compile_kernels.py's ptxas report, session 23: a lead, not a measurement)."""
+    (benches/compile_fla_kernels.py, session 23: a lead, not a measurement)."""
     listed = {describe(c) for c in configs}
     out = []
     for c in configs:

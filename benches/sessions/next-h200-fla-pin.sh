@@ -4,7 +4,7 @@
 #  1. benches/kda_config_probe.py (its first run failed at an RNG purpose in session 22's call 4): every
 #     config of fla's four largest KDA kernels at B 64, one layer's mixer forward and backward each, and
 #     each 4-warp one with 8 warps (the wy_dqkg backward's pinned config spills ~4 KB a thread with 4,
-#     ~0.3 KB with 8: benches/compile_kernels.py-style ptxas report, session 23). Its pin, $OUT/kda/pin,
+#     ~0.3 KB with 8: benches/compile_fla_kernels.py, session 23). Its pin, $OUT/kda/pin,
 #     is the third B 64 arm below.
 #  2. Triton's own B 64 choices for every fla kernel (session 22 call 4: -0.09 ms at the median, kept in
 #     benches/logs/2026-12-04-h200-session22-call4/fla-pin-b64) under the GPU tests that run fla's kernels,
