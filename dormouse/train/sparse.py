@@ -24,7 +24,9 @@ default) is a sparse COO tensor with one entry per lookup. It is coalesced (sort
 O(L log L) for L lookups), and only those rows of W, m, v, s are gathered, updated and scattered back
 (`index_copy_` with distinct sorted indices: deterministic); a row whose summed gradient is exactly zero
 is written back unchanged (`torch.where`), not dropped: dropping it would make the host wait for the GPU
-to count such rows, and on the H200 the GPU sat idle while the host ran this step. Nothing of
+to count such rows, and on the H200 the GPU sat idle while the host ran this step. On CUDA with fp32
+moments one Triton pass reads and writes those rows of m, v and W (train/row_adam_kernels.py; the counts
+and the float64 bias corrections stay torch's ops on the [k] rows). Nothing of
 size R is touched after the first step; the first step allocates the state (m, v in the parameter's
 dtype promoted to fp32 at least, s int64: 2·R·D floats + R ints, once). A dense gradient is accepted
 too and gives the same update, but finding its non-zero rows reads all R·D entries (and backward has
