@@ -81,7 +81,8 @@ class ModelConfig:
     norm_eps: float = _f(1e-6, "RMSNorm epsilon", lo=0.0, hi=1e-2, lo_open=True)
     norm_backend: str = _f(
         "auto",
-        "RMSNorm path; auto = fla's fused kernel on CUDA, plain torch on CPU",
+        "RMSNorm path (and the engram gate's, its two norms and their product); auto = fused kernels on CUDA "
+        "(fla's; dormouse's for the gate), plain torch on CPU",
         choices=("auto", "fused", "plain"),
     )
     conv_backend: str = _f(
