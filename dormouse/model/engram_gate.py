@@ -19,7 +19,7 @@ it (evals, decoding) the two Linears run alone, as the projections' docstring ex
 
 import torch
 
-from dormouse import counters, ledger
+from dormouse import counters
 from dormouse.model import fused_or_plain, projections
 from dormouse.model.norm import FUSED_UNAVAILABLE, RMSNorm, resolve_norm_backend
 
@@ -40,11 +40,10 @@ def gate(h: torch.Tensor, e: torch.Tensor, w_v, w_k, hidden_norm: RMSNorm, key_n
 
 
 def _fused(h, e, w_v, w_k, hidden_norm: RMSNorm, key_norm: RMSNorm) -> torch.Tensor:
-    kernels, why = fused_kernels()
-    if kernels is None:  # the fused norms run where fla, hence Triton, is: not reached in practice
-        raise ledger.refuse(
-            FUSED_UNAVAILABLE, f"the engram gate's fused path needs Triton ({why}); pass --norm-backend plain"
-        )
+    # the fused norms run where fla, hence Triton, is: the refusal is not reached in practice
+    kernels = fused_or_plain.required(
+        fused_kernels(), FUSED_UNAVAILABLE, "the engram gate's fused path", "; pass --norm-backend plain"
+    )
     counters.NORM.record(fused=True)
     counters.NORM.record(fused=True)
     norms = (hidden_norm.weight, key_norm.weight, hidden_norm.eps, key_norm.eps)

@@ -48,6 +48,15 @@ def own_kernels(module: str) -> tuple[ModuleType | None, str]:
         return None, f"{type(err).__name__}: {err}"
 
 
+def required(found: tuple[ModuleType | None, str], site: str, what: str, hint: str = "") -> ModuleType:
+    """The kernels of an `own_kernels` lookup `found` ((module, why not)), or refused at ledger `site`:
+    "`what` needs Triton (why)`hint`"."""
+    kernels, why = found
+    if kernels is None:
+        raise ledger.refuse(site, f"{what} needs Triton ({why}){hint}")
+    return kernels
+
+
 def rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., H] as [N, H] rows with unit column stride, the layout dormouse's kernels take: a view where
     the leading dims flatten into one stride (a projection's column slices do), else a copy."""

@@ -144,11 +144,10 @@ class _RMSNormTo(torch.autograd.Function):
             )
             return dx.view(ctx.x_shape), None, dw, None, None
         # dormouse's kernel, not fla's with `dres` (1.8 TB/s on the H200): the same arithmetic (norm_kernels.py).
-        kernels, why = add_norm_kernels()
-        if kernels is None:  # the fused path runs where fla, hence Triton, is: not reached in practice
-            raise ledger.refuse(
-                FUSED_UNAVAILABLE, f"the fused add_and_norm's backward needs Triton ({why}); pass --norm-backend plain"
-            )
+        # the fused path runs where fla, hence Triton, is: the refusal is not reached in practice
+        kernels = fused_or_plain.required(
+            add_norm_kernels(), FUSED_UNAVAILABLE, "the fused add_and_norm's backward", "; pass --norm-backend plain"
+        )
         dsum = None if dsum is None else dsum.reshape(normed.shape)
         dx, dresidual, dw = kernels.backward(dy, normed, weight, rstd, dsum, ctx.x_dtype)
         return dx.view(ctx.x_shape), dresidual.view(ctx.x_shape), dw, None, None

@@ -94,10 +94,8 @@ def sinkhorn_kernels(device: torch.device, module: str = "sinkhorn_kernels"):
     """dormouse's Triton kernels of NesterovSinkhorn (train/<module>.py: the SR-Sinkhorn's, or
     "momentum_kernels") for stacks on `device` (CUDA); refused at `optim.sinkhorn_kernels_unavailable`
     where Triton is not importable."""
-    kernels, why = fused_or_plain.own_kernels(f"dormouse.train.{module}")
-    if kernels is None:
-        raise ledger.refuse(SINKHORN_KERNELS_UNAVAILABLE, f"NesterovSinkhorn's step on {device} needs Triton ({why})")
-    return kernels
+    found = fused_or_plain.own_kernels(f"dormouse.train.{module}")
+    return fused_or_plain.required(found, SINKHORN_KERNELS_UNAVAILABLE, f"NesterovSinkhorn's step on {device}")
 
 
 def momentum_lookahead_(g: torch.Tensor, m: torch.Tensor, beta: float, found_inf: torch.Tensor | None) -> torch.Tensor:

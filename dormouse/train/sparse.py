@@ -242,10 +242,9 @@ ROW_SUM_KERNELS_UNAVAILABLE = ledger.register(
 def table_kernels(device: torch.device, module: str = "row_sum_kernels"):
     """dormouse's Triton kernels for the tables on `device` (CUDA): train/<module>.py, the row sums' or
     "row_adam_kernels"; refused at `sparse.row_sum_kernels_unavailable` where Triton is not importable."""
-    kernels, why = fused_or_plain.own_kernels(f"dormouse.train.{module}")
-    if kernels is None:
-        raise ledger.refuse(ROW_SUM_KERNELS_UNAVAILABLE, f"the engram tables' kernels on {device} need Triton ({why})")
-    return kernels
+    found = fused_or_plain.own_kernels(f"dormouse.train.{module}")
+    what = f"the engram tables' gradient and update on {device}"
+    return fused_or_plain.required(found, ROW_SUM_KERNELS_UNAVAILABLE, what)
 
 
 class RowPlan:
