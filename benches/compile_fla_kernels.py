@@ -12,7 +12,7 @@ gate and gradients of q, k and g in fp32), written out from fla 0.6.0's kernels.
 """
 
 import triton
-from compile_kernels import TARGET, _ptxas_report
+from compile_kernels import TARGET, ptxas_report
 from triton.compiler import ASTSource
 
 SHAPE = {"H": 8, "HV": 8, "K": 64, "BT": 64}
@@ -64,7 +64,7 @@ def main() -> None:
             kernel = triton.compile(
                 ASTSource(_jit(fn), full, cx), target=TARGET, options={"num_warps": warps, "num_stages": stages}
             )
-            print(f"{name} {blocks} warps {warps} stages {stages}: {_ptxas_report(kernel.asm['ptx'])}")
+            print(f"{name} {blocks} warps {warps} stages {stages}: {ptxas_report(kernel.asm['ptx'])}")
 
 
 if __name__ == "__main__":

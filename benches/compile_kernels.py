@@ -77,7 +77,7 @@ def _kernels() -> list[tuple[str, object, dict, dict, int]]:
     return out
 
 
-def _ptxas_report(ptx: str) -> str:
+def ptxas_report(ptx: str) -> str:
     """ptxas -v's line for the kernel: registers, spills, shared memory."""
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +101,7 @@ def main() -> None:
         full = {**signature, **dict.fromkeys(constexprs, "constexpr")}
         try:
             kernel = triton.compile(ASTSource(fn, full, constexprs), target=TARGET, options={"num_warps": warps})
-            print(f"{name}: ok, {warps} warps, {_ptxas_report(kernel.asm['ptx'])}")
+            print(f"{name}: ok, {warps} warps, {ptxas_report(kernel.asm['ptx'])}")
         except (CompilationError, subprocess.CalledProcessError, RuntimeError) as err:  # report it, go on
             failed += 1
             print(f"{name}: FAILED {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
