@@ -5,8 +5,14 @@ import os
 import pytest
 import torch
 
-from dormouse import rng
-from dormouse.data.prepare import prepare
+# dormouse's Triton kernels run under Triton's interpreter where there is no CUDA
+# (tests/test_kernels_interpreted.py). Triton reads the switch when a kernel is defined: set before any
+# test imports a kernel module.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from dormouse import rng  # noqa: E402
+from dormouse.data.prepare import prepare  # noqa: E402
 
 
 @pytest.fixture(scope="module")

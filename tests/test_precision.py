@@ -13,7 +13,11 @@ from dormouse.model import fla_kernels, precision
 
 
 @pytest.fixture(autouse=True)
-def restore_precision():
+def restore_precision(monkeypatch):
+    # Each test starts as a process that has not imported Triton (this one may have:
+    # tests/test_kernels_interpreted.py) and has not called apply().
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.setattr(precision, "_triton_set", [])
     before, env = torch.get_float32_matmul_precision(), os.environ.get("TRITON_F32_DEFAULT")
     yield
     torch.set_float32_matmul_precision(before)

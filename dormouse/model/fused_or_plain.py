@@ -57,6 +57,13 @@ def required(found: tuple[ModuleType | None, str], site: str, what: str, hint: s
     return kernels
 
 
+def on_kernel_device(t: torch.Tensor) -> bool:
+    """Whether dormouse's own Triton kernels take `t` where its op has them: on CUDA. The one test of it for
+    the optimizers' and the tables' kernels (train/), so that tests/test_kernels_interpreted.py can run
+    their kernel paths on CPU tensors under Triton's interpreter."""
+    return t.is_cuda
+
+
 def rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., H] as [N, H] rows with unit column stride, the layout dormouse's kernels take: a view where
     the leading dims flatten into one stride (a projection's column slices do), else a copy."""

@@ -74,7 +74,7 @@ def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Te
     if iters < 1:
         raise ValueError(f"sr_sinkhorn needs iters >= 1, got {iters}")
     x = u.to(torch.promote_types(u.dtype, torch.float32))
-    if not (x.is_cuda and x.dtype == torch.float32):
+    if not (fused_or_plain.on_kernel_device(x) and x.dtype == torch.float32):
         return sr_sinkhorn_torch(x, iters, eps)
     stack = x if x.ndim == 3 else x.unsqueeze(0)
     return sinkhorn_kernels(x.device).sr_sinkhorn(stack, iters, eps).view(x.shape)
@@ -103,7 +103,7 @@ def momentum_lookahead_(g: torch.Tensor, m: torch.Tensor, beta: float, found_inf
     stacked gradients g and momentum m [N, m, n]; kept = β, or 1 with G taken as 0 where `found_inf` is
     non-zero (a skipped step leaves M bit for bit). U is written into g where it can be. On CUDA in fp32
     dormouse's kernel (train/momentum_kernels.py: one pass where torch's form makes ~14); elsewhere torch's."""
-    if g.is_cuda and g.dtype == torch.float32:
+    if fused_or_plain.on_kernel_device(g) and g.dtype == torch.float32:
         return sinkhorn_kernels(g.device, "momentum_kernels").momentum_lookahead_(g, m, beta, found_inf)
     kept = beta
     if found_inf is not None:
@@ -216,7 +216,9 @@ class NesterovSinkhorn(torch.optim.Optimizer):
             run = self.found_inf == 0
             lr, decay = torch.where(run, lr, 0.0), torch.where(run, decay, 1.0)
         u = momentum_lookahead_(g, self._momentum(params, work), beta, self.found_inf)
-        if u.is_cuda and u.dtype == params[0].dtype == torch.float32:  # X and the step in the weights
+        if (
+            fused_or_plain.on_kernel_device(u) and u.dtype == params[0].dtype == torch.float32
+        ):  # X and the step in the weights
             table = self._addresses(params)
             sinkhorn_kernels(u.device).sinkhorn_step_(u, group["iters"], group["eps"], table, lr, decay)
             return

@@ -166,7 +166,9 @@ class SparseRowAdam(torch.optim.Optimizer):
                     sf = s.clamp(min=1).to(torch.float64)
                     step_size = (lr / (1 - torch.pow(beta1, sf))).to(m_all.dtype)
                     bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, sf)).to(m_all.dtype)
-                if p.is_cuda and m_all.dtype == torch.float32:  # one pass over the rows (row_adam_kernels.py)
+                if (
+                    fused_or_plain.on_kernel_device(p) and m_all.dtype == torch.float32
+                ):  # one pass over the rows (row_adam_kernels.py)
                     table_kernels(p.device, "row_adam_kernels").row_adam_(
                         idx, g.contiguous(), keep, step_size, bc2_sqrt, m_all, v_all, p, (beta1, beta2), eps
                     )
@@ -285,7 +287,7 @@ class RowPlan:
         run dormouse's Triton kernel (train/row_sum_kernels.py: torch's coalesce's additions and bits)."""
         k = self.count
         bounds = torch.nonzero_static(self.starts, size=k + 1, fill_value=self.starts.shape[0]).squeeze(1)
-        if values.is_cuda:
+        if fused_or_plain.on_kernel_device(values):
             summed = table_kernels(values.device).row_sums(values, self.order, bounds)
         else:
             segment = torch.cumsum(self.starts, 0) - 1  # each sorted position's distinct row

@@ -23,7 +23,7 @@ kernels, why = short_conv.fused_kernels()
 if kernels is None:
     pytest.skip(f"needs Triton (extra `gpu`): {why}", allow_module_level=True)
 
-from conv_stand_in import StandInKernels  # noqa: E402 (tests/conv_stand_in.py)
+import float64_references as f64  # noqa: E402 (tests/float64_references.py)
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
@@ -37,12 +37,8 @@ def rel(x, ref):
 
 
 def reference(x, w, dy, dilation=1):
-    """float64 SiLU(causal depthwise conv) (tests/conv_stand_in.py's), its input's and weight's gradients by
-    autograd."""
-    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    y = StandInKernels.conv(xd, wd, 1, dilation, 0, 0)[0]
-    y.backward(dy.double())
-    return y.detach(), xd.grad, wd.grad
+    """float64 SiLU(causal depthwise conv), its input's and weight's gradients (tests/float64_references.py)."""
+    return f64.conv(x, w, 1, dilation)[0], *f64.conv_grads(x, w, (dy,), 1, dilation)
 
 
 @pytest.mark.parametrize("dilation", [1, 4, 3], ids=["dil1", "dil4", "dil3"])
@@ -70,15 +66,10 @@ def test_kernels_against_float64(shape, dtype, width, dilation):
 
 def packed_reference(wide, w, dys, norm, head):
     """float64 q, k, v: SiLU(conv) of wide's three C-channel slices, the first `norm` L2-normalised over each
-    `head` channels (tests/conv_stand_in.py's); the gradients of wide's 3C channels and of w [3C, W] by
-    autograd; the normalised heads' 1 / norm [norm, B, T, C / head]."""
-    C = w.shape[0] // 3
-    xd, wd = wide[..., : 3 * C].detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    y = StandInKernels.conv(xd, wd, 3, 1, norm, head)
-    y.backward(torch.stack(dys).double())
-    silu = StandInKernels.conv(xd.detach()[..., : norm * C], wd.detach()[: norm * C], norm, 1, 0, head)
-    rstd = torch.rsqrt(silu.unflatten(-1, (-1, head)).square().sum(-1) + kernels.NORM_EPS)
-    return y.detach(), xd.grad, wd.grad, rstd
+    `head` channels; the gradients of wide's 3C channels and of w [3C, W]; the normalised heads' 1 / norm
+    [norm, B, T, C / head] (tests/float64_references.py)."""
+    y = f64.conv(wide[..., : w.shape[0]], w, 3, 1, norm, head)
+    return y, *f64.conv_grads(wide, w, dys, 3, 1, norm, head), f64.head_rstd(wide, w, 3, norm, head, kernels.NORM_EPS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

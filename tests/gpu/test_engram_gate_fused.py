@@ -19,6 +19,8 @@ from dormouse.model import engram_gate  # noqa: E402
 if engram_gate.fused_kernels()[0] is None:
     pytest.skip(f"needs Triton (extra `gpu`): {engram_gate.fused_kernels()[1]}", allow_module_level=True)
 
+from float64_references import gate_grads  # noqa: E402 (tests/float64_references.py)
+
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build, resolve  # noqa: E402
 from dormouse.model import projections  # noqa: E402
@@ -40,14 +42,7 @@ def gains(d):
 
 def reference(h, vk, w_h, w_k, g):
     """(gated, grads of h, vk, w_h, w_k) in float64 by autograd, from the same values."""
-    h, vk, w_h, w_k = (x.detach().double().requires_grad_() for x in (h, vk, w_h, w_k))
-    v, k = vk.chunk(2, dim=-1)
-
-    def rms(x, w):
-        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w
-
-    out = torch.sigmoid((rms(k, w_k) * rms(h, w_h)).sum(-1, keepdim=True) / h.shape[-1] ** 0.5) * v
-    return out.detach(), torch.autograd.grad(out, [h, vk, w_h, w_k], g.double())
+    return gate_grads(h, vk, w_h, w_k, g, EPS, EPS)
 
 
 def inputs(bt, d, dtype):
