@@ -6,8 +6,9 @@ here rather than in a device call, and the registers a thread takes and any spil
 memory-bound kernel that spills, or whose registers leave few warps per SM, is a candidate for other
 blocks). It does not run anything: the numbers are the GPU tests' and the interpreter's (docs/performance.md).
 
-    pip install triton==3.6.0   # the CPU set-up has no Triton; the wheel carries ptxas
-    python benches/compile_kernels.py [--only NAME]
+    python benches/compile_kernels.py [--only NAME]   # triton 3.6.0 (the dev extra) carries ptxas
+
+tests/test_kernels_compile.py runs it in every CI run: every variant compiles, none spills.
 """
 
 import argparse
@@ -27,7 +28,8 @@ TARGET = GPUTarget("cuda", 90, 32)  # the H200
 def _kernels() -> list[tuple[str, object, dict, dict, int]]:
     """(name, jit function, signature, constexprs, warps) of each variant `small` launches at B 64."""
     from dormouse.model import engram_gate_kernels as gate
-    from dormouse.model import norm_kernels
+    from dormouse.model import norm_kernels, swiglu_kernels
+    from dormouse.model import short_conv_kernels as conv
     from dormouse.train import momentum_kernels, row_adam_kernels, row_sum_kernels
     from dormouse.train import sinkhorn_kernels as sk
 
@@ -72,6 +74,34 @@ def _kernels() -> list[tuple[str, object, dict, dict, int]]:
         add(f"add-norm backward has_dsum={has_dsum}", norm_kernels._add_norm_bwd_kernel,
             "s:*fp32 w:*fp32 rstd:*fp32 dy:*bf16 dsum:*fp32 dx:*bf16 dsum_in:*fp32 dw_part:*fp32 T:i32",
             {**d, "BT": 16, "HAS_DSUM": has_dsum}, norm_kernels.WARPS)  # fmt: skip
+    # the KDA layers' q, k, v (bf16 projection; q and k normalised per head of 64, their gradients fp32
+    # through the sinks, v's bf16: two backward launches) and the engram's conv (dilation 4)
+    ints = "B:i32 T:i32 stride_x_b:i32 stride_x_t:i32"
+    for (norm, dilation), (L, BD, warps, stages) in (((2, 1), conv.NORM_FWD_BLOCKS), ((0, 4), conv.FWD_BLOCKS)):
+        G, HD = (BD // 64, 64) if norm else (1, BD)
+        add(f"conv forward norm={norm} dilation={dilation}", conv._fwd_kernel,
+            f"x:*bf16 w:*fp32 y:*bf16 rstd:*fp32 {ints}",
+            {"C": 512, "NB": 512 // (G * HD), "G": G, "HD": HD, "L": L, "DIL": dilation, "NORM": norm,
+             "EPS": conv.NORM_EPS, "NS": stages}, warps)  # fmt: skip
+    for norm, dilation, dy, (L, BD, warps, stages) in ((2, 1, "fp32", conv.NORM_BWD_BLOCKS),
+                                                       (2, 1, "bf16", conv.NORM_BWD_BLOCKS),
+                                                       (0, 4, "bf16", conv.BWD_BLOCKS)):  # fmt: skip
+        G, HD = (BD // 64, 64) if norm else (1, BD)
+        add(f"conv backward norm={norm} dilation={dilation} dy={dy}", conv._bwd_kernel,
+            f"x:*bf16 w:*fp32 rstd:*fp32 dy0:*{dy} dy1:*{dy} dy2:*{dy} dx:*bf16 dw:*fp32 {ints} stride_dx_b:i32 "
+            "stride_dx_t:i32 N0:i32 N_ALL:i32",
+            {"C": 512, "NB": 512 // (G * HD), "G": G, "HD": HD, "L": L, "DIL": dilation, "NORM": norm,
+             "NS": stages}, warps)  # fmt: skip
+    rows, cols, warps = swiglu_kernels._tile(1536)
+    tile = {"H": 1536, "BR": rows, "BH": cols}
+    add("swiglu forward", swiglu_kernels._fwd_kernel, "x:*bf16 y:*bf16 z:*bf16 N:i32 s_x:i32 s_y:i32", tile, warps)
+    add(
+        "swiglu backward",
+        swiglu_kernels._bwd_kernel,
+        "x:*bf16 y:*bf16 g:*bf16 dx:*bf16 dy:*bf16 N:i32 s_x:i32 s_y:i32 s_g:i32 s_dx:i32 s_dy:i32",
+        tile,
+        warps,
+    )
     add("row sums", row_sum_kernels._row_sums_kernel, "values:*fp32 order:*i64 bounds:*i64 out:*fp32",
         {"D": 64, "BLOCK": 64}, row_sum_kernels._warps(64))  # fmt: skip
     return out
