@@ -4,7 +4,7 @@ benches/compile_kernels.py does for dormouse's own). Session 23 found with it th
 spills ~4 KB a thread in its pinned 4-warp config and ~0.3 KB with 8 warps, which fla does not offer on
 Hopper (`benches/logs/2026-12-04-cpu-compile-kernels/fla-kda-bwd-spills.txt`). No time is measured.
 
-    pip install triton==3.6.0 einops; unzip fla-core's wheel (fla imports without a GPU)
+    pip install einops; unzip fla-core's wheel (fla imports without a GPU); triton 3.6.0 is the dev extra's
     python benches/compile_fla_kernels.py
 
 The signatures are the KDA layer's (`small`: H 8, K = V 64, chunk 64; bf16 under autocast, the decay
@@ -43,7 +43,8 @@ def _variants() -> list[tuple[str, object, dict, dict, list[tuple[dict, int, int
         ("chunk_kda_bwd_kernel_wy_dqkg_fused", chunk_bwd.chunk_kda_bwd_kernel_wy_dqkg_fused, wy,
          {**SHAPE, "V": 64, "STATE_V_FIRST": False, "USE_GRAPH": False, **fixed},
          [({"BK": bk, "BV": bv}, w, s) for bk, bv, w, s in
-          [(64, 64, 4, 4), (64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 8, 3), (32, 64, 8, 2), (64, 128, 8, 2)]]),
+          [(64, 64, 4, 4), (64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 8, 3), (64, 64, 8, 2), (64, 64, 8, 1),
+           (32, 64, 8, 2), (64, 128, 8, 2), (64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 8, 2), (64, 64, 16, 2)]]),
         ("chunk_kda_bwd_kernel_intra", chunk_intra.chunk_kda_bwd_kernel_intra, intra,
          {**SHAPE, "BC": 16, "BK": 32, "NC": 4, "SAFE_GATE": True, "GATE_SHIFT": 5.0 * 1.4426950408889634,
           "USE_GATHER": False, "USE_GRAPH": False, **fixed},
