@@ -18,7 +18,7 @@
 #  1. GPU tests: the gate's kernels against float64 and a model's gate fused against plain; the Sinkhorn
 #     and momentum kernels against fp64, SparseRowAdam's kernel against the torch path; the graphed step
 #     (eager parity, the captured update) and decode; the norms (the add-norm backward without a sum
-#     gradient); the eval's precision. Then the pin with fla's wy_dqkg backward at 8 warps (outside fla's
+#     gradient); the eval's precision; the packed conv against session 24's shared float64 references. Then the pin with fla's wy_dqkg backward at 8 warps (outside fla's
 #     Hopper list: its pinned 4-warp config spills ~4 KB a thread, 8 warps ~0.3 KB,
 #     benches/logs/2026-12-04-cpu-compile-kernels/fla-kda-bwd-spills.txt) and the KDA layer test under it.
 #  2. B 64 interleaved three times: a1ae8ce, ee12c44 (the model's changes), this commit (and the update's),
@@ -30,7 +30,7 @@ S="--preset small --seq-len 512 --dtype bf16 --cuda-graph --data $V"
 W="FLA_CONFIG_DIR=\$OUT/pin-wy8 FLA_CACHE_MODE=fuzzy"
 source benches/sessions/timed.sh
 export TRITON_CACHE_BACK=1
-cmds=("$(pytest_cmd gpu-session23 360 tests/gpu/test_engram_gate_fused.py tests/gpu/test_sinkhorn_kernels.py tests/gpu/test_graphed_step.py tests/gpu/test_graphed_decode.py tests/gpu/test_norm_fused.py tests/gpu/test_row_plan.py tests/gpu/test_eval_precision.py)")
+cmds=("$(pytest_cmd gpu-session23 360 tests/gpu/test_engram_gate_fused.py tests/gpu/test_sinkhorn_kernels.py tests/gpu/test_graphed_step.py tests/gpu/test_graphed_decode.py tests/gpu/test_norm_fused.py tests/gpu/test_row_plan.py tests/gpu/test_eval_precision.py tests/gpu/test_conv_fused.py::test_packed_backward_takes_fp32_and_bf16_gradients_in_one_call)")
 cmds+=("python3 benches/pin_variant.py \$OUT/pin-wy8 chunk_kda_bwd_kernel_wy_dqkg_fused=8")
 cmds+=("$W $(pytest_cmd gpu-wy8 200 tests/gpu/test_kda_fla.py::test_layer_on_cuda_runs_fla_and_matches_chunked tests/gpu/test_kda_fla.py::test_the_sunk_function_is_fla_s_chunk_kda_with_dq_and_dk_unrounded)")
 interleaved 3 \
