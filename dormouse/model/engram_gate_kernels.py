@@ -17,8 +17,9 @@ Each backward program walks `LOOPS` tiles of `BT` rows and keeps its part of the
 registers; the parts are summed in a fixed order afterwards (deterministic). All arithmetic in fp32,
 rounded once at each store.
 
-Imported only where Triton is (CUDA machines): `engram_gate.fused_kernels()` looks it up. The blocks are
-fixed (no autotuning at a cold start; two processes run the same kernels).
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `engram_gate.fused_kernels()` looks it up. The blocks are fixed (no autotuning at a cold
+start; two processes run the same kernels).
 
 Layouts: rows [N, D] with unit column stride (v and k may be column slices of one [N, 2D] tensor); out
 and dh contiguous.

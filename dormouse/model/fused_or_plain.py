@@ -41,10 +41,10 @@ def resolve(requested: str, device: torch.device | str, *, flag: str, site: str,
 @functools.cache
 def own_kernels(module: str) -> tuple[ModuleType | None, str]:
     """dormouse's own Triton kernel module `module` (model/short_conv_kernels.py, model/norm_kernels.py),
-    or None and why not: they import only where Triton is (CUDA machines)."""
+    or None and why not: they import only where Triton is (CUDA machines; the dev set-up, for its tests)."""
     try:
         return importlib.import_module(module), ""
-    except ImportError as err:  # no Triton: the CPU set-up
+    except ImportError as err:  # no Triton: the CPU set-up without the dev extra
         return None, f"{type(err).__name__}: {err}"
 
 

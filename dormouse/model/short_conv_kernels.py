@@ -15,9 +15,9 @@ undilated ones, each over the positions of one residue mod D: a program walks on
 D apart, so the same registers carry its taps. The weight's gradient is summed in fp32
 over per-program parts in a fixed order (deterministic) and returned in the weight's dtype.
 
-Imported only where Triton is (CUDA machines): `short_conv.fused_kernels()` looks it up. The block
-sizes are fixed, chosen once from the probe's sweep: no autotuning at a cold start, and two processes
-run the same kernels.
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `short_conv.fused_kernels()` looks it up. The block sizes are fixed, chosen once from the
+probe's sweep: no autotuning at a cold start, and two processes run the same kernels.
 
 One launch runs n convs over adjacent channel slices of x (the KDA layer's q, k and v, each C wide, in
 its packed projection), and can L2-normalise the first few of them over each head of HD channels (fla's

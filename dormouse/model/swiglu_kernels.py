@@ -8,8 +8,9 @@ these take 71 and 118 (~4.3 TB/s; benches/swiglu_probe.py, session 19 call 9). T
 term for term, in fp32 with one rounding to the inputs' dtype: the same bits as fla's kernels (the probe
 checks it).
 
-Imported only where Triton is (CUDA machines): `swiglu.fused_kernels()` looks it up. The tile is fixed
-by the row length (no autotuning at a cold start; two processes run the same kernels).
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `swiglu.fused_kernels()` looks it up. The tile is fixed by the row length (no autotuning at a
+cold start; two processes run the same kernels).
 
 Layouts: gate, up, g [N, H] with unit stride over H (a column slice of a wider tensor is fine); z
 contiguous; d_gate, d_up [N, H] with unit stride over H (the halves of one [N, 2H] gradient).

@@ -9,8 +9,8 @@ group's fp32 matrices where this is 4 (docs/performance.md, session 23). The ari
 product and sum in fp32; the compiler may fuse a product and a sum into one rounding where torch's kernels
 round twice (within fp32's error: tests/gpu/test_sinkhorn_kernels.py). The block is fixed.
 
-Imported only where Triton is (CUDA machines): `optim.sinkhorn_kernels(device, "momentum_kernels")` looks it
-up.
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `optim.sinkhorn_kernels(device, "momentum_kernels")` looks it up.
 """
 
 import torch

@@ -13,7 +13,8 @@ into new tensors, ran ~15 elementwise ops on them and scattered them back (`inde
 torch's in fp32, with IEEE square root and division; the compiler may fuse a product and a sum into one
 rounding where torch's kernels round twice (within fp32's error: tests/gpu/test_row_plan.py).
 
-Imported only where Triton is (CUDA machines): `sparse.table_kernels()` looks it up. The block is fixed.
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `sparse.table_kernels()` looks it up. The block is fixed.
 """
 
 import torch

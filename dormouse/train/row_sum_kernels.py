@@ -7,7 +7,8 @@ that sum, read through the plan's stable order, without the host sync torch's ta
 the same additions in the same order, so the same bits (tests/gpu/test_row_plan.py). `index_add_` in
 deterministic mode gave other bits and took 0.57 ms a step at B 64 on the H200 (session 20, call 3).
 
-Imported only where Triton is (CUDA machines): `sparse.table_kernels()` looks it up.
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `sparse.table_kernels()` looks it up.
 """
 
 import torch

@@ -23,7 +23,8 @@ product and difference perhaps fused into one rounding) and in the order of the 
 error (tests/gpu/test_sinkhorn_kernels.py). fp32 only: fp64, the reference precision, stays
 torch's. Blocks are fixed: no autotuning, the same kernels in every process, the same bits every call.
 
-Imported only where Triton is (CUDA machines): `optim.sinkhorn_kernels()` looks it up.
+Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
+interpreter): `optim.sinkhorn_kernels()` looks it up.
 """
 
 import math
