@@ -1,11 +1,15 @@
 """dormouse's Triton kernels on the CPU, under Triton's interpreter (tests/triton_interpreter.py), against
 float64: the kernels' indexing, masks, strides, loops and fp32 arithmetic checked in every CI run, where
-the GPU tests (tests/gpu/) run only when a device is lent. Small shapes, ragged against the blocks.
+the GPU tests (tests/gpu/) run only when a device is lent. Small shapes, ragged against the blocks; the
+optimizers' and the tables' kernels through their callers' CUDA code paths; and a nano model's step with
+every dormouse kernel it has against its torch paths.
 
 What the interpreter cannot check stays with the GPU tests: bf16 rounding to nearest (the interpreter
 truncates, so bf16 outputs are held to 2^-7 here, 2^-8 on the GPU), the GPU's summation orders, the
 compiled code and its speed. Skipped where CUDA is (the GPU tests run there) or Triton is not installed.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -19,7 +23,8 @@ triton_interpreter.fix()
 
 from float64_references import conv, conv_grads, gate_grads, head_rstd  # noqa: E402
 
-from dormouse import rng  # noqa: E402
+from dormouse import counters, rng  # noqa: E402
+from dormouse.config import build, resolve  # noqa: E402
 from dormouse.model import (  # noqa: E402
     engram_gate,
     fused_or_plain,
@@ -29,6 +34,7 @@ from dormouse.model import (  # noqa: E402
     swiglu_kernels,
 )
 from dormouse.model import engram_gate_kernels as gate_kernels  # noqa: E402
+from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.train import optim, row_sum_kernels, sinkhorn_kernels  # noqa: E402
 from dormouse.train.sparse import RowPlan, SparseRowAdam  # noqa: E402
 
@@ -298,3 +304,32 @@ def test_sinkhorn_step_writes_the_weights_through_their_addresses():
     kept = [w.clone() for w in ws]
     sinkhorn_kernels.sinkhorn_step_(u.float(), 5, 1e-12, table, torch.tensor(0.0), torch.tensor(1.0))
     assert all(torch.equal(a, b) for a, b in zip(ws, kept, strict=True))
+
+
+# ---- the model's step with every dormouse kernel it has
+
+
+def test_a_model_step_on_the_kernels_equals_the_torch_path(monkeypatch):
+    # nano on the CPU with dormouse's kernels wherever the model has them (the KDA layers' and the engram's
+    # short convs, SwiGLU, the engram gate with its two norms; the other norms stay torch's: fla is not
+    # here), against the same model on torch's paths: the wiring (layouts, strides, the stream's joins)
+    # with the real kernels. The loss and every dense gradient within fp32's error (summation orders).
+    model_cfg = dataclasses.replace(resolve(build("nano"), cuda_available=False).model, norm_backend="plain")
+    monkeypatch.setattr(fused_or_plain, "resolve", lambda requested, device, **_: requested.replace("auto", "fused"))
+    ids = torch.randint(0, 256, (1, 32), generator=rng.generator(0, 0, "test"))
+    results = {}
+    for backend in ("fused", "plain"):
+        model = DormouseLM(dataclasses.replace(model_cfg, conv_backend=backend, swiglu_backend=backend), seed=0)
+        for _, memory in model.memories():
+            memory.key_norm.backend = memory.hidden_norm.backend = backend
+        for counter in (counters.CONV, counters.SWIGLU, counters.NORM):
+            counter.reset()
+        loss = model(ids, targets=ids).loss
+        loss.backward()
+        fused = counters.CONV.fused, counters.SWIGLU.fused, counters.NORM.fused
+        assert fused == ((counters.CONV.calls, counters.SWIGLU.calls, 2) if backend == "fused" else (0, 0, 0))
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None and not p.grad.is_sparse}
+        results[backend] = loss.item(), grads
+    (loss_k, grads_k), (loss_t, grads_t) = results["fused"], results["plain"]
+    assert abs(loss_k - loss_t) <= 1e-6 * loss_t and grads_k.keys() == grads_t.keys()
+    assert max(rel(grads_k[n], grads_t[n]) for n in grads_t) <= 1e-4
