@@ -216,7 +216,7 @@ def test_sr_sinkhorn_rows_wider_than_a_block(kernels_on_cpu, monkeypatch):
 
 
 @pytest.mark.parametrize("capturable", [False, True], ids=["lr-numbers", "lr-tensors"])
-def test_nesterov_sinkhorn_kernel_path_steps_as_float64(capturable, kernels_on_cpu):
+def test_nesterov_sinkhorn_kernel_path_steps_as_float64(capturable, monkeypatch):
     # The CUDA path of the update: the momentum stack and its kernel, the Sinkhorn's last pass writing the
     # step into the weights through their address table; three steps of two shape groups, the third with a
     # skipped step (found_inf 1) that leaves weights and momentum bit for bit; against float64 torch.
@@ -225,7 +225,7 @@ def test_nesterov_sinkhorn_kernel_path_steps_as_float64(capturable, kernels_on_c
     grads = [[randn(*s, seed=80 + 3 * j + i).double() for i, s in enumerate(shapes)] for j in range(3)]
     results = {}
     for on_kernels, dtype in ((True, torch.float32), (False, torch.float64)):
-        fused_or_plain.on_kernel_device = lambda t, on=on_kernels: on  # undone by the fixture
+        monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t, on=on_kernels: on)
         ws = [torch.nn.Parameter(w.to(dtype)) for w in w0]
         opt = optim.NesterovSinkhorn(ws, lr=0.01, weight_decay=0.1, capturable=capturable and on_kernels)
         for j, step in enumerate(grads):
@@ -246,7 +246,7 @@ def test_nesterov_sinkhorn_kernel_path_steps_as_float64(capturable, kernels_on_c
 
 
 @pytest.mark.parametrize("lr", [1e-2, 0.0], ids=["step", "lr-0"])
-def test_sparse_row_adam_kernel_path_steps_as_float64(lr, kernels_on_cpu):
+def test_sparse_row_adam_kernel_path_steps_as_float64(lr, monkeypatch):
     # Four steps of a [70, 8] table: repeated rows, a row whose gradient sums to zero, a skipped step
     # (found_inf 1) that changes nothing; against the torch path in float64; rows never looked up untouched.
     w0 = randn(70, 8, seed=90).double()
@@ -258,7 +258,7 @@ def test_sparse_row_adam_kernel_path_steps_as_float64(lr, kernels_on_cpu):
         steps.append((index, values))
     results = {}
     for on_kernels, dtype in ((True, torch.float32), (False, torch.float64)):
-        fused_or_plain.on_kernel_device = lambda t, on=on_kernels: on  # undone by the fixture
+        monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t, on=on_kernels: on)
         w = torch.nn.Parameter(w0.to(dtype))
         opt = SparseRowAdam([w], lr=lr)
         for i, (index, values) in enumerate(steps):
@@ -278,14 +278,14 @@ def test_sparse_row_adam_kernel_path_steps_as_float64(lr, kernels_on_cpu):
 
 
 @pytest.mark.parametrize("lookups,rows,dim", [(300, 40, 64), (50, 7, 24), (5, 3, 64)])
-def test_row_sums_kernel_adds_as_the_torch_path_bit_for_bit(lookups, rows, dim, kernels_on_cpu):
+def test_row_sums_kernel_adds_as_the_torch_path_bit_for_bit(lookups, rows, dim, kernels_on_cpu, monkeypatch):
     # The coalesced sums of a table gradient (RowPlan.coalesce): each distinct row's values added in the
     # plan's order from zero, as the CPU's index_add_ does: the same bits.
     index = torch.randint(0, rows, (lookups,), generator=rng.generator(0, 100, "test"))
     values = randn(lookups, dim, seed=101)
     plan = RowPlan(index)
     got = plan.coalesce(values, rows)
-    fused_or_plain.on_kernel_device = lambda t: False  # undone by the fixture
+    monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t: False)
     want = plan.coalesce(values, rows)
     assert torch.equal(got.indices(), want.indices()) and torch.equal(got.values(), want.values())
     assert row_sum_kernels._warps(dim) == 1
