@@ -1,4 +1,4 @@
-"""Compile dormouse's own Triton kernels for the H200 (sm_90) on a machine without a GPU.
+"""Compile dormouse's own Triton kernels for Hopper (sm_90: H100, H200) on a machine without a GPU.
 
 Each kernel variant the `small` step launches at B 64 is compiled ahead of time by Triton for an sm_90
 target, and its PTX assembled by Triton's bundled ptxas with `-v`: a kernel that does not compile fails
@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.errors import CompilationError
 
-TARGET = GPUTarget("cuda", 90, 32)  # the H200
+TARGET = GPUTarget("cuda", 90, 32)  # Hopper: H100, H200
 
 
 def _kernels() -> list[tuple[str, object, dict, dict, int]]:

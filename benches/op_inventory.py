@@ -1,7 +1,7 @@
 """Count first: the torch ops one training step of a preset runs around fla's kernels, on the CPU.
 
 The CUDA step of `small` spends about a third of its GPU time in torch's elementwise and copy kernels
-(docs/performance.md, session 14's B 64 profile), which a replayed CUDA graph does not attribute to ops.
+(docs/performance.md, the profile at batch 64), which a replayed CUDA graph does not attribute to ops.
 This runs one forward and backward on the CPU under bf16 autocast with fla's kernels (chunk_kda,
 rms_norm, rms_norm_gated and the layer-norm functions, the SwiGLU kernels) and dormouse's short-conv
 kernels replaced by opaque stand-ins of the same signature, so the dormouse-side ops are the CUDA

@@ -363,7 +363,7 @@ def test_reuse_a_holds_the_code_equal_not_the_commit(corpus_dir, tmp_path, capsy
     saved.write_text(json.dumps({**result, "commit": "0123abc"}))  # logs committed between two device calls
     argv = ("--a", "", "--b", "--no-short-conv", "--seeds", "1", "--steps", "2", "--reuse-a", str(tmp_path / "one"))
     assert run_ab(corpus_dir, tmp_path, "two", *argv)["runs"]["a"] == result["runs"]["a"]
-    kept = tmp_path / "kept-ab.json"  # the file itself, as collect_session keeps it under benches/logs/
+    kept = tmp_path / "kept-ab.json"  # the file itself, copied out of its comparison's folder
     kept.write_text(saved.read_text())
     argv_file = (*argv[:-1], str(kept))
     assert run_ab(corpus_dir, tmp_path, "two-file", *argv_file)["runs"]["a"] == result["runs"]["a"]

@@ -1,8 +1,8 @@
-"""Every dormouse Triton kernel variant the `small` step launches compiles for the H200 (sm_90) with no
+"""Every dormouse Triton kernel variant the `small` step launches compiles for Hopper (sm_90) with no
 register spills: benches/compile_kernels.py (Triton's ahead-of-time compile and its bundled ptxas, no GPU)
 in a process of its own (this one defines the kernels under Triton's interpreter). A kernel that fails
 here would fail at a device call's first step; a spill is a speed regression to measure on the GPU
-before it lands (docs/performance.md, session 23: the tool and what it found)."""
+before it lands (docs/performance.md)."""
 
 import os
 import subprocess

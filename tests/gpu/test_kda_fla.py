@@ -1,9 +1,9 @@
 """fla's chunk_kda against the float64 recurrence on CUDA (gate 5); skipped without CUDA or fla.
 
-The comparison lives in benches/kda_gpu_gate.py, which prints the same numbers as a table. Error of a
+The comparison lives in tests/gpu/kda_fla_gate.py, which prints the same numbers as a table. Error of a
 tensor: max|x - ref| / max|ref|; tolerances 1e-2 (bf16) and 1e-3 (fp32, tf32). Each dtype's gate runs
 in a process of its own: Triton's fp32 precision is fixed per process (precision.apply refuses a
-change; before it did, `--dtype fp32` here ran TF32 kernels compiled by earlier GPU tests). fp32 means
+change, so `--dtype fp32` never runs TF32 kernels compiled by earlier GPU tests). fp32 means
 IEEE fp32 dots in fla's Triton kernels.
 """
 
@@ -30,7 +30,7 @@ from dormouse.model import precision  # noqa: E402
 from dormouse.model.kda import KDALayer  # noqa: E402
 from dormouse.model.kda_fla import chunk_kda_sunk  # noqa: E402
 
-GATE = Path(__file__).resolve().parents[2] / "benches" / "kda_gpu_gate.py"
+GATE = Path(__file__).resolve().parent / "kda_fla_gate.py"
 _spec = importlib.util.spec_from_file_location("kda_gpu_gate", GATE)
 gate = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gate)
@@ -111,7 +111,7 @@ def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
         if name in ("o", "dg"):
             assert torch.equal(with_cast, uncast), name
         else:  # summed in fp32 by code compiled for the other input dtype: equal to fp32 rounding, not bit for
-            # bit (session 17, call 3: dA_log differed in its last bits)
+            # bit (dA_log differs in its last bits)
             assert gate.rel_err(uncast, with_cast.double()) <= 1e-6, name
 
 
