@@ -1,15 +1,16 @@
-"""Configuration as data: ModelConfig and TrainConfig, presets, TOML files, CLI flags.
+"""Configuration as data: ModelConfig and TrainConfig, presets, TOML files.
 
-Precedence: preset < config file < CLI flags. `validate()` refuses impossible values with the field
-and its allowed range; `resolve()` turns intent into one concrete config (every derived value filled,
-contradictory arms refused). The resolved config is what a run directory records.
+Precedence: preset < config file < CLI flags (dormouse/config_flags.py). `validate()` refuses impossible
+values with the field and its allowed range; `resolve_values()` fills every derived value and decides the
+`auto` choices that depend only on the device (dormouse/resolve.py adds the kernel backends). The resolved
+config is what a run directory records.
 
-Every field is a CLI flag with dashes (`n_experts` → `--n-experts`; booleans `--attn-res/--no-attn-res`).
-Each field's metadata holds its help text and its allowed range, so flags, validation and docs
-cannot disagree.
+Every field belongs to one group (data, model, arms, optimizer, schedule, run, performance, parallel): its
+CLI flag sits under that heading of `--help`, and a TOML file sets it in the table of that name. Each field's
+metadata holds its help text and allowed range, so flags, validation and docs cannot disagree. The defaults
+are the best measured settings (configs/tinyshakespeare.toml names the evidence); presets set sizes only.
 """
 
-import argparse
 import dataclasses
 import json
 import math
@@ -25,228 +26,175 @@ from dormouse.errors import ConfigError
 SAFE_GATE_BOUNDS = (-5.0, 0.0)
 
 BYTE_NOISE_SOURCES = ("uniform", "unigram")  # what replaces a noised byte (data/sampler.py)
+FUSED_CHOICES = ("auto", "fused", "plain")
+OPTS = ("adamw", "sinkhorn")  # train/routing.py: sinkhorn puts the matrices on NesterovSinkhorn
+GROUPS = ("data", "model", "arms", "optimizer", "schedule", "run", "performance", "parallel")
 
 
-def _f(default, help: str, *, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
-    """A config field: default, help text and allowed range (inclusive unless lo_open / hi_open)."""
-    meta = {"help": help, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open, "hi_open": hi_open}
+def _f(default, help: str, group: str, *, lo=None, hi=None, choices=None, lo_open=False, hi_open=False, **kind):
+    """A config field: default, help text, flag group and allowed range (inclusive unless lo_open / hi_open).
+    kind: advanced=True lists the flag under `--help-all` only; tristate=True is a bool whose None means
+    "decided by resolve_values"."""
+    assert group in GROUPS, group
+    meta = {"help": help, "group": group, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
+    meta |= {"hi_open": hi_open, "advanced": kind.get("advanced", False), "tristate": kind.get("tristate", False)}
     return field(default=default, metadata=meta)
 
 
 @dataclass
 class ModelConfig:
-    d_model: int = _f(128, "model width", lo=8)
-    n_heads: int = _f(4, "mixer heads", lo=1)
-    head_dim: int = _f(0, "per-head key/value width; 0 = d_model / n_heads", lo=0, hi=256)
-    block_layers: int = _f(2, "layers (mixer + FFN) in the looped block", lo=1)
-    depth: int = _f(2, "times the looped block is applied", lo=1)
-    ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3 d_model rounded up to 64", lo=0)
-    mixer: str = _f("kda", "token mixer (--no-kda selects attention)", choices=("kda", "attention"))
-    attention_layers: str = _f(
-        "",
-        "block layers (0-based, comma-separated) whose mixer is softmax attention while the others run KDA "
-        "(a hybrid, as Kimi Linear's 3:1); '' = none",
+    d_model: int = _f(128, "model width", "model", lo=8)
+    n_heads: int = _f(4, "mixer heads", "model", lo=1)
+    head_dim: int = _f(0, "per-head key/value width; 0 = d_model / n_heads", "model", lo=0, hi=256)
+    block_layers: int = _f(2, "layers (mixer + FFN) in the looped block", "model", lo=1)
+    depth: int = _f(2, "times the looped block is applied", "model", lo=1)
+    ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3 d_model rounded up to 64", "model", lo=0)
+    mixer: str = _f("kda", "token mixer (--no-kda: attention)", "model", choices=("kda", "attention"))
+    tie_embeddings: bool = _f(True, "the LM head shares the byte embedding", "model", advanced=True)
+    short_conv: bool = _f(True, "short causal conv + SiLU on KDA's q, k, v", "model", advanced=True)
+    conv_size: int = _f(4, "taps of the short conv", "model", lo=2, hi=8, advanced=True)
+    kda_chunk_size: int = _f(
+        64, "chunk length of KDA's chunked form", "model", choices=(16, 32, 64, 128), advanced=True
     )
-    attn_qk_norm: bool = _f(
-        True,
-        "RMSNorm on each attention head's queries and keys before RoPE (as KDA L2-normalises its own): without "
-        "it the Sinkhorn optimizer's fixed-size updates grow the attention logits and the arm learns slowly",
+    gate_lower_bound: float = _f(
+        -5.0, "lower bound of KDA's per-step log-decay", "model", lo=-20.0, hi=0.0, advanced=True
     )
+    kda_safe_gate: bool = _f(
+        True, "fla's safe-gate kernels (gate_lower_bound in [-5, 0); fla only)", "model", advanced=True
+    )
+    attn_qk_norm: bool = _f(True, "RMSNorm on attention queries and keys before RoPE", "model", advanced=True)
+    norm_eps: float = _f(1e-6, "RMSNorm epsilon", "model", lo=0.0, hi=1e-2, lo_open=True, advanced=True)
+    dropout: float = _f(
+        0.3, "dropout on the embedding and each mixer/FFN output (training only)", "model", lo=0.0, hi=1.0, hi_open=True
+    )
+    drop_path: float = _f(
+        0.0, "stochastic depth: drop a layer's output for a whole sequence", "model", lo=0.0, hi=1.0, hi_open=True
+    )
+    engram: bool = _f(False, "Engram hashed n-gram memory", "arms")
+    engram_orders: str = _f("2,3,4", "n-gram orders of the engram, comma-separated (1..16)", "arms", advanced=True)
+    engram_heads: int = _f(2, "hash functions per order", "arms", lo=1, hi=16, advanced=True)
+    engram_rows: int = _f(16384, "table rows per order and head", "arms", lo=1, hi=2**31, advanced=True)
+    engram_dim: int = _f(32, "width of a table row", "arms", lo=1, hi=1024, advanced=True)
+    engram_layers: str = _f("0", "block layers that get a memory, comma-separated", "arms", advanced=True)
+    engram_conv: bool = _f(True, "short causal conv after the engram gate", "arms", advanced=True)
+    engram_dropout: float = _f(
+        0.0, "dropout on the engram's output", "arms", lo=0.0, hi=1.0, hi_open=True, advanced=True
+    )
+    attention_layers: str = _f("", "block layers whose mixer is softmax attention (a hybrid)", "arms")
+    n_experts: int = _f(1, "FFN experts; >1 = top-k mixture of experts", "arms", lo=1, hi=64)
+    experts_top_k: int = _f(1, "experts each byte is routed to", "arms", lo=1, advanced=True)
+    experts_dense: bool = _f(
+        False, "run every expert on every byte (fixed shapes, for CUDA graphs)", "arms", advanced=True
+    )
+    moe_balance_weight: float = _f(0.01, "weight of the experts' balance term", "arms", lo=0.0, advanced=True)
+    attn_res: bool = _f(False, "layer inputs are a learned mix of earlier layer outputs (AttnRes)", "arms")
+    persistent_memory: str = _f(
+        "disabled",
+        "learned slots every sequence sees first",
+        "arms",
+        choices=("disabled", "enabled", "size-match", "enforced"),
+    )
+    memory_slots: int = _f(0, "persistent memory slots", "arms", lo=0, hi=4096, advanced=True)
+    mor: bool = _f(False, "Mixture-of-Recursions: a router picks positions for each further iteration", "arms")
+    mor_capacity: float = _f(
+        0.5, "MoR: fraction of positions that take an iteration", "arms", lo=0.0, hi=1.0, lo_open=True, advanced=True
+    )
+    mor_aux_weight: float = _f(0.1, "MoR: weight of the router's BCE term", "arms", lo=0.0, advanced=True)
+    dspark_weight: float = _f(0.0, "weight of the DSpark draft-head term; 0 = off", "arms", lo=0.0)
+    dspark_k: int = _f(4, "DSpark: bytes predicted ahead of each anchor", "arms", lo=1, hi=64, advanced=True)
+    dspark_stride: int = _f(16, "DSpark: anchor spacing in bytes", "arms", lo=1, advanced=True)
+    dspark_detach: bool = _f(True, "DSpark: the draft term does not train the trunk", "arms", advanced=True)
+    jepa_weight: float = _f(0.0, "weight of the JEPA latent-prediction term; 0 = off", "arms", lo=0.0)
+    jepa_span: int = _f(8, "JEPA: bytes per masked span", "arms", lo=1, hi=1024, advanced=True)
+    jepa_spans: int = _f(4, "JEPA: masked spans per sequence", "arms", lo=1, hi=256, advanced=True)
     kda_backend: str = _f(
         "auto",
-        "KDA implementation; auto = fla on CUDA, chunked on CPU",
+        "KDA path; auto = fla on CUDA, chunked on CPU",
+        "performance",
         choices=("auto", "fla", "chunked", "recurrent"),
     )
-    kda_chunk_size: int = _f(64, "chunk length of the chunked KDA form", choices=(16, 32, 64, 128))
-    kda_safe_gate: bool = _f(
-        True,
-        "fla's chunk_kda with safe_gate: tensor-core intra-chunk kernels for gates bounded by gate_lower_bound, "
-        "which must lie in [-5, 0) (another rounding; fla backend only, the chunked and recurrent forms are "
-        "exact either way)",
-    )
     kda_recompute: bool = _f(
-        False,
-        "fla's chunk_kda backward recomputes the forward's intermediates (--kda-recompute: less memory) or "
-        "keeps them from the forward (the default: fla's disable_recompute; `small` B 64 on the H200 ~2 ms a "
-        "step faster for 1.8 GiB more, docs/performance.md; fla backend only)",
+        False, "fla's KDA backward recomputes the forward (less memory, slower)", "performance", advanced=True
     )
     kda_prep_in_kernel: bool = _f(
-        True,
-        "fla's chunk_kda applies q/k's L2 norm, the decay gate and beta's sigmoid itself (fewer kernels around "
-        "each call, another rounding; fla backend only)",
+        True, "fla's KDA applies the q/k norm, gate and beta itself", "performance", advanced=True
     )
-    short_conv: bool = _f(True, "short causal depthwise conv + SiLU on KDA q/k/v")
-    conv_size: int = _f(4, "kernel of the short conv", lo=2, hi=8)
-    gate_lower_bound: float = _f(-5.0, "lower bound of the KDA per-step log-decay", lo=-20.0, hi=0.0, lo_open=False)
-    norm_eps: float = _f(1e-6, "RMSNorm epsilon", lo=0.0, hi=1e-2, lo_open=True)
     norm_backend: str = _f(
-        "auto",
-        "RMSNorm path (and the engram gate's, its two norms and their product); auto = fused kernels on CUDA "
-        "(fla's; dormouse's for the gate), plain torch on CPU",
-        choices=("auto", "fused", "plain"),
+        "auto", "RMSNorm path; auto = fused on CUDA, torch on CPU", "performance", choices=FUSED_CHOICES, advanced=True
     )
     conv_backend: str = _f(
         "auto",
-        "KDA's short conv (+ SiLU) path; auto = dormouse's fused Triton kernels on CUDA (conv_size <= 4), "
-        "torch's conv1d on CPU; a decode step, which carries the conv's state, runs torch's",
-        choices=("auto", "fused", "plain"),
+        "short conv path; auto = fused on CUDA, torch on CPU",
+        "performance",
+        choices=FUSED_CHOICES,
+        advanced=True,
     )
     swiglu_backend: str = _f(
-        "auto",
-        "the FFN's SwiGLU activation path; auto = fla's fused kernels on CUDA (fp32 inside, one rounding), "
-        "torch's silu and mul on CPU",
-        choices=("auto", "fused", "plain"),
-    )
-    n_experts: int = _f(1, "FFN experts; 1 = the dense SwiGLU, >1 = top-k mixture of experts", lo=1, hi=64)
-    experts_top_k: int = _f(1, "experts each byte is routed to (≤ n_experts)", lo=1)
-    experts_dense: bool = _f(
-        False,
-        "run every expert on every byte and weigh the outputs by the routing (0 where not chosen): the same "
-        "function at n_experts/top_k times the FFN FLOPs, in fixed shapes (what --cuda-graph needs)",
-    )
-    moe_balance_weight: float = _f(0.01, "weight of the experts' load-balancing term in the loss", lo=0.0)
-    attn_res: bool = _f(False, "layer inputs are a learned softmax mix of earlier layer outputs (AttnRes)")
-    persistent_memory: str = _f(
-        "disabled",
-        "learned slots every sequence sees first (docs/glossary.md)",
-        choices=("disabled", "enabled", "size-match", "enforced"),
-    )
-    memory_slots: int = _f(0, "persistent memory slots (size-match: the minimum, rounded up)", lo=0, hi=4096)
-    tie_embeddings: bool = _f(True, "LM head shares the byte embedding matrix")
-    engram: bool = _f(True, "Engram hashed byte n-gram memory (--no-engram turns it off)")
-    engram_orders: str = _f("2,3,4", "n-gram orders of the engram arms, comma-separated (each in 1..16)")
-    engram_heads: int = _f(2, "independent hash functions per order (arms = orders × heads)", lo=1, hi=16)
-    engram_rows: int = _f(16384, "table rows per arm", lo=1, hi=2**31)
-    engram_dim: int = _f(32, "width of one arm's table row", lo=1, hi=1024)
-    engram_layers: str = _f(
-        "0", "block layers whose input (first loop iteration) gets a memory of its own, comma-separated"
-    )
-    engram_conv: bool = _f(True, "short causal conv after the engram gate (kernel 4, dilation max order)")
-    mor: bool = _f(
-        False, "Mixture-of-Recursions: a router picks the positions that take each iteration after the first"
-    )
-    mor_capacity: float = _f(
-        0.5,
-        "MoR: fraction of each sequence's positions that take an iteration (training top-k)",
-        lo=0.0,
-        hi=1.0,
-        lo_open=True,
-    )
-    mor_aux_weight: float = _f(0.1, "weight of MoR's router BCE term (mor_router) in the loss", lo=0.0)
-    dspark_weight: float = _f(0.0, "weight of the DSpark draft-head term (dspark) in the loss; 0 = off", lo=0.0)
-    dspark_k: int = _f(4, "DSpark: bytes the draft head predicts ahead of each anchor", lo=1, hi=64)
-    dspark_stride: int = _f(16, "DSpark: anchor spacing in byte positions (anchors 0, stride, 2·stride, …)", lo=1)
-    dspark_detach: bool = _f(True, "DSpark: the draft term does not train the trunk (when off, it does)")
-    jepa_weight: float = _f(0.0, "weight of the JEPA latent-prediction term (jepa) in the loss; 0 = off", lo=0.0)
-    jepa_span: int = _f(8, "JEPA: bytes per masked span", lo=1, hi=1024)
-    jepa_spans: int = _f(4, "JEPA: masked spans per sequence", lo=1, hi=256)
-    dropout: float = _f(
-        0.0,
-        "dropout probability on the embedding and each mixer/FFN output, training only, masks from the "
-        "(seed, step) dropout stream; 0 = off",
-        lo=0.0,
-        hi=1.0,
-        hi_open=True,
-    )
-    drop_path: float = _f(
-        0.0,
-        "stochastic depth: probability that a mixer or FFN output is dropped for a whole sequence, per layer "
-        "application, training only, masks from the (seed, step) dropout stream; 0 = off",
-        lo=0.0,
-        hi=1.0,
-        hi_open=True,
-    )
-    engram_dropout: float = _f(
-        0.0,
-        "dropout probability on each engram memory's output before it joins the residual stream (dropout "
-        "does not reach it), training only, masks from the (seed, step) dropout stream; 0 = off",
-        lo=0.0,
-        hi=1.0,
-        hi_open=True,
+        "auto", "SwiGLU path; auto = fused on CUDA, torch on CPU", "performance", choices=FUSED_CHOICES, advanced=True
     )
 
 
 @dataclass
 class TrainConfig:
-    seq_len: int = _f(256, "bytes per training sequence", lo=1)
-    batch_size: int = _f(8, "sequences per step", lo=1)
-    steps: int = _f(1000, "training steps (ignored when --minutes is set)", lo=1)
-    minutes: float = _f(0.0, "train for this wall time instead of --steps; 0 = off", lo=0.0)
-    lr: float = _f(3e-3, "peak learning rate (scales every optimizer group)", lo=0.0)
-    opt: str = _f("default", "default = routing policy; adamw = everything on AdamW", choices=("default", "adamw"))
-    # A Sinkhorn update has entry RMS exactly 1; AdamW's is 1 for a gradient consistent from step to step and
-    # ~0.23 for noise (tests/test_optim.py pins both): 1.0 matches the first regime, and in a noisy one the
-    # matrices step up to ~4x what AdamW would at the same lr. SinkGD's paper runs 0.05 x Adam's lr.
-    sinkhorn_lr_scale: float = _f(
-        1.0, "lr multiplier of the matrices under the default routing's NesterovSinkhorn (lr x this)", lo=0.0
-    )
-    warmup_steps: int = _f(100, "linear warm-up steps", lo=0)
-    lr_decay: str = _f("cosine", "decay after warm-up", choices=("cosine", "linear", "constant"))
-    lr_floor: float = _f(0.1, "final lr as a fraction of the peak", lo=0.0, hi=1.0)
-    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (never on gains and biases)", lo=0.0)
-    grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", lo=0.0)
+    seq_len: int = _f(256, "bytes per training sequence", "data", lo=1)
+    batch_size: int = _f(8, "sequences per step", "data", lo=1)
     byte_noise: float = _f(
-        0.0,
-        "probability that a training input byte is replaced by a random byte (byte_noise_source; the targets "
-        "stay the text's; draws from the (seed, step) byte_noise stream); a regulariser, 0 = off",
-        lo=0.0,
-        hi=1.0,
-        hi_open=True,
+        0.1, "fraction of input bytes replaced by random bytes (targets kept)", "data", lo=0.0, hi=1.0, hi_open=True
     )
     byte_noise_source: str = _f(
-        "uniform",
-        "what replaces a byte_noise byte: uniform over the 256 values, or unigram = the training split's own "
-        "byte frequencies (a replacement that looks like text)",
-        choices=BYTE_NOISE_SOURCES,
+        "uniform", "what replaces a noised byte", "data", choices=BYTE_NOISE_SOURCES, advanced=True
     )
+    opt: str = _f("adamw", "adamw, or sinkhorn: Nesterov+Sinkhorn on the matrices", "optimizer", choices=OPTS)
+    lr: float = _f(3e-3, "peak learning rate", "optimizer", lo=0.0)
+    weight_decay: float = _f(1.0, "decoupled weight decay on matrices", "optimizer", lo=0.0)
+    sinkhorn_lr_scale: float = _f(1.0, "--opt sinkhorn: lr multiplier of the matrices", "optimizer", lo=0.0)
+    grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", "optimizer", lo=0.0)
     ema_decay: float = _f(
-        0.0,
-        "evals score an exponential moving average of the weights, decay min(ema_decay, (1 + s) / (10 + s)) "
-        "after update s, saved in each checkpoint and loaded by eval and generate (train/ema.py); 0 = off",
+        0.998,
+        "evals score an average of the weights with this decay; 0 = off",
+        "optimizer",
         lo=0.0,
         hi=1.0,
         hi_open=True,
     )
-    seed: int = _f(0, "seed of every random stream (rng.py)", lo=0)
-    dtype: str = _f(
-        "fp32",
-        "compute dtype: fp32, tf32 (fp32 on TF32 tensor cores), bf16 (autocast); docs/glossary.md",
-        choices=("fp32", "tf32", "bf16"),
+    steps: int = _f(1000, "training steps", "schedule", lo=1)
+    minutes: float = _f(0.0, "train for this wall time instead of --steps; 0 = off", "schedule", lo=0.0)
+    warmup_steps: int = _f(100, "linear warm-up steps", "schedule", lo=0)
+    lr_decay: str = _f("cosine", "decay after warm-up", "schedule", choices=("cosine", "linear", "constant"))
+    lr_floor: float = _f(0.5, "final lr as a fraction of the peak", "schedule", lo=0.0, hi=1.0)
+    rand_depth: bool = _f(False, "draw each step's loop depth from [rand_depth_min, depth]", "arms")
+    rand_depth_min: int = _f(1, "--rand-depth: smallest depth", "arms", lo=1, advanced=True)
+    rand_depth_bptt: int = _f(
+        0, "--rand-depth: gradients through the last N iterations; 0 = all", "arms", lo=0, advanced=True
     )
-    device: str = _f("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
-    eval_every: int = _f(200, "steps between held-out evals", lo=1)
-    eval_bytes: int = _f(0, "held-out bytes scored per eval; 0 = the whole held-out split", lo=0)
-    ckpt_every: int = _f(500, "steps between checkpoints", lo=1)
-    keep_last: int = _f(3, "checkpoints kept besides best", lo=1)
-    rand_depth: bool = _f(False, "sample each training step's loop depth, uniform over [rand_depth_min, depth]")
-    rand_depth_min: int = _f(1, "smallest depth --rand-depth samples", lo=1)
-    rand_depth_bptt: int = _f(0, "--rand-depth: only the last N iterations get gradients; 0 = all", lo=0)
+    seed: int = _f(0, "seed of every random stream", "run", lo=0)
+    eval_every: int = _f(200, "steps between held-out evals", "run", lo=1)
+    eval_bytes: int = _f(0, "held-out bytes per eval; 0 = the whole split", "run", lo=0)
+    ckpt_every: int = _f(500, "steps between checkpoints", "run", lo=1)
+    keep_last: int = _f(3, "checkpoints kept besides best", "run", lo=1)
+    dtype: str = _f(
+        "auto",
+        "compute dtype; auto = bf16 on CUDA, fp32 on CPU",
+        "performance",
+        choices=("auto", "fp32", "tf32", "bf16"),
+    )
+    device: str = _f("auto", "auto = cuda when available, else cpu", "performance", choices=("auto", "cpu", "cuda"))
+    cuda_graph: bool | None = _f(
+        None, "replay the step from CUDA graphs; default: on where the run allows", "performance", tristate=True
+    )
+    graph_update: bool = _f(
+        True, "with --cuda-graph, the clip and update are a graph of their own", "performance", advanced=True
+    )
     parallel: str = _f(
         "auto",
-        "data parallelism: auto = ddp under torchrun with WORLD_SIZE > 1, else none; fsdp = FSDP2 (sharded)",
+        "auto = ddp under torchrun, else none; fsdp = FSDP2",
+        "parallel",
         choices=("auto", "none", "ddp", "fsdp"),
     )
     dist_timeout: float = _f(
-        600.0,
-        "seconds a collective waits for the other ranks before the run stops with an error (ddp, fsdp)",
-        lo=0.0,
-        lo_open=True,
+        600.0, "seconds a collective waits before the run stops", "parallel", lo=0.0, lo_open=True, advanced=True
     )
-    cuda_graph: bool = _f(
-        False,
-        "capture the step's forward and backward, then its clip and matrix update, as CUDA graphs and replay "
-        "them (CUDA, one process, one graph per loop depth, no MoR or experts; dormouse/train/graphed.py)",
-    )
-    graph_update: bool = _f(
-        True,
-        "with --cuda-graph, the clip and NesterovSinkhorn's update are a second graph (train/graphed_update.py); "
-        "--no-graph-update runs the update as the eager step does (the same bits), to measure what the graph gains",
-    )
-    engram_shard: bool = _f(
-        False,
-        "engram table rows partitioned over the ranks (row i on rank i mod W), looked up by all-to-all "
-        "(--parallel ddp; a no-op with one process; docs/distributed.md)",
-    )
+    engram_shard: bool = _f(False, "split the engram tables' rows over the ranks (ddp)", "parallel")
 
 
 PRESETS: dict[str, dict[str, dict]] = {
@@ -299,10 +247,24 @@ class Config:
         return build(preset=d.get("preset", DEFAULT_PRESET), overrides=_sections(d, "config dict"))
 
 
-SECTIONS = {"model": ModelConfig, "train": TrainConfig}
+SECTIONS = {"model": ModelConfig, "train": TrainConfig}  # the dataclasses, as config.json records them
+
+
+def field_group(f: dataclasses.Field) -> str:
+    return f.metadata["group"]
+
+
+def group_fields() -> dict[str, dict[str, str]]:
+    """{group: {field: its section ("model" or "train")}}, groups in GROUPS order."""
+    out: dict[str, dict[str, str]] = {g: {} for g in GROUPS}
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            out[field_group(f)][f.name] = section
+    return out
 
 
 def _sections(d: dict, origin: str) -> dict[str, dict]:
+    """The [model] and [train] tables of a config.json dict, checked."""
     unknown = set(d) - set(SECTIONS) - {"preset"}
     if unknown:
         raise ConfigError(f"{origin}: unknown top-level key(s) {sorted(unknown)}; allowed: preset, model, train")
@@ -316,6 +278,26 @@ def _sections(d: dict, origin: str) -> dict[str, dict]:
         if bad:
             raise ConfigError(f"{origin}: unknown {name} field(s) {sorted(bad)}; known: {sorted(known)}")
         out[name] = dict(section)
+    return out
+
+
+def toml_overrides(d: dict, origin: str) -> dict[str, dict]:
+    """A TOML file's group tables ([data], [model], [arms], ...) as {"model": {...}, "train": {...}}."""
+    unknown = set(d) - set(GROUPS) - {"preset"}
+    if unknown:
+        raise ConfigError(f"{origin}: unknown table(s) {sorted(unknown)}; allowed: preset, {', '.join(GROUPS)}")
+    members = group_fields()
+    home = {name: group for group, names in members.items() for name in names}
+    out: dict[str, dict] = {"model": {}, "train": {}}
+    for group in GROUPS:
+        table = d.get(group, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: [{group}] must be a table")
+        for key, value in table.items():
+            if key not in members[group]:
+                where = f"it belongs in [{home[key]}]" if key in home else f"known: {sorted(members[group])}"
+                raise ConfigError(f"{origin}: [{group}] has no field {key!r}; {where}")
+            out[members[group][key]][key] = value
     return out
 
 
@@ -344,10 +326,16 @@ def build(preset: str = DEFAULT_PRESET, overrides: dict[str, dict] | None = None
     return cfg
 
 
+def value_type(f: dataclasses.Field) -> type:
+    """The Python type of a field's values (a tristate field holds a bool, or None for auto)."""
+    return bool if f.metadata["tristate"] else f.type
+
+
 def _coerce(cls, key: str, value):
-    ftype = {f.name: f.type for f in fields(cls)}[key]
+    f = {f.name: f for f in fields(cls)}[key]
+    ftype = value_type(f)
     ok = {
-        bool: lambda v: isinstance(v, bool),
+        bool: lambda v: isinstance(v, bool) or (v is None and f.metadata["tristate"]),
         int: lambda v: isinstance(v, int) and not isinstance(v, bool),
         float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         str: lambda v: isinstance(v, str),
@@ -402,7 +390,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"byte_noise_source {t.byte_noise_source} acts only with byte_noise > 0")
     if t.opt == "adamw" and t.sinkhorn_lr_scale != 1.0:
         raise ConfigError(
-            f"sinkhorn_lr_scale {t.sinkhorn_lr_scale:g} acts only with opt default (--opt adamw has no Sinkhorn)"
+            f"sinkhorn_lr_scale {t.sinkhorn_lr_scale:g} acts only with --opt sinkhorn (AdamW has no Sinkhorn)"
         )
 
 
@@ -499,22 +487,25 @@ def data_shaped_arms(m: ModelConfig) -> dict[str, str]:
     return {name: why for name, (on, why) in arms.items() if on}
 
 
-def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
-    """A captured step replays the same kernels on the same shapes: what changes them per step is refused."""
-    if not t.cuda_graph:
-        return
-    changing = data_shaped_arms(m)
+def graph_blockers(m: ModelConfig, t: TrainConfig) -> dict[str, str]:
+    """{field: why} of what a captured step cannot replay: a CUDA graph replays the same kernels on the
+    same shapes."""
+    blockers = data_shaped_arms(m)
     if t.engram_shard:
-        changing["engram_shard"] = "sharded lookups exchange data-dependent sizes"
-    for name, why in changing.items():
-        raise ConfigError(f"cuda_graph with {name} is not built: {why}, a captured graph replays fixed ones")
+        blockers["engram_shard"] = "sharded lookups exchange data-dependent sizes"
     if m.engram and t.rand_depth and t.rand_depth_min <= t.rand_depth_bptt < m.depth:
         # The memories join the first iteration only: a step deeper than rand_depth_bptt trains none of
         # their weights, a shallower one does, and the captured update reads one fixed set of gradients.
-        raise ConfigError(
-            f"cuda_graph with engram and rand_depth_bptt {t.rand_depth_bptt} < depth {m.depth} is not built: "
-            "the engram gets gradients at some sampled depths and none at others"
-        )
+        blockers["rand_depth_bptt"] = "the engram gets gradients at some sampled depths and none at others"
+    return blockers
+
+
+def _check_cuda_graph(m: ModelConfig, t: TrainConfig) -> None:
+    """An explicit --cuda-graph with an arm a graph cannot replay is refused (auto leaves the graph off)."""
+    if not t.cuda_graph:
+        return
+    for name, why in graph_blockers(m, t).items():
+        raise ConfigError(f"cuda_graph with {name} is not built: {why}; a captured graph replays fixed shapes")
 
 
 def _check_aux_terms(m: ModelConfig, t: TrainConfig) -> None:
@@ -546,8 +537,9 @@ def _check_range(f: dataclasses.Field, value) -> None:
         raise ConfigError(f"{f.name} {value} is out of range; allowed {start}{lo}, {'inf' if hi is None else hi}{end}")
 
 
-def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
-    """One concrete config: derived sizes filled in, `auto` choices decided, contradictions refused."""
+def resolve_values(cfg: Config, *, cuda_available: bool | None = None) -> Config:
+    """One concrete config but for the kernel backends (dormouse/resolve.py): derived sizes filled in,
+    device-dependent `auto` choices decided, contradictions refused."""
     validate(cfg)
     out = Config(model=dataclasses.replace(cfg.model), train=dataclasses.replace(cfg.train), preset=cfg.preset)
     m, t = out.model, out.train
@@ -569,27 +561,18 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
         t.device = "cuda" if cuda_available else "cpu"
     elif t.device == "cuda" and not cuda_available:
         raise ConfigError("device cuda was asked for but torch sees no CUDA device; use --device cpu")
-    if t.cuda_graph and (t.device != "cuda" or t.parallel != "none"):
+    if t.dtype == "auto":
+        t.dtype = "bf16" if t.device == "cuda" else "fp32"
+    one_cuda_process = t.device == "cuda" and t.parallel == "none"
+    if t.cuda_graph is None:
+        t.cuda_graph = one_cuda_process and not graph_blockers(m, t)
+    if t.cuda_graph and not one_cuda_process:
         raise ConfigError(f"cuda_graph needs one process on CUDA; this run is device {t.device}, parallel {t.parallel}")
     if t.dtype in ("bf16", "tf32") and t.device == "cpu":
         raise ConfigError(f"dtype {t.dtype} is for CUDA; on cpu use --dtype fp32")
     if m.persistent_memory == "size-match":
         # Round the slots up so that slots + seq_len fill whole KDA chunks.
         m.memory_slots += -(m.memory_slots + t.seq_len) % m.kda_chunk_size
-    if m.mixer == "kda":
-        from dormouse.model.kda import resolve_kda_backend  # the one policy; it raises through the ledger
-
-        m.kda_backend = resolve_kda_backend(m.kda_backend, t.device)
-        if m.short_conv:
-            from dormouse.model.short_conv import check_fused_width, resolve_conv_backend  # raise through the ledger
-
-            m.conv_backend = resolve_conv_backend(m.conv_backend, t.device)
-            check_fused_width(m.conv_backend, m.conv_size)
-    from dormouse.model.norm import resolve_norm_backend  # raises through the ledger
-    from dormouse.model.swiglu import resolve_swiglu_backend  # raises through the ledger
-
-    m.norm_backend = resolve_norm_backend(m.norm_backend, t.device)
-    m.swiglu_backend = resolve_swiglu_backend(m.swiglu_backend, t.device)
     return out
 
 
@@ -605,87 +588,3 @@ def resolve_parallel(parallel: str) -> str:
             "and write the same run directory; use --parallel ddp or fsdp"
         )
     return parallel
-
-
-# ---- CLI flags ----
-
-SHORT_ARMS = {"no_kda": ("model", "mixer", "attention", "short for --mixer attention")}
-
-
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """--preset, --config and one flag per config field (default None: only given flags override)."""
-    parser.add_argument(
-        "--preset", choices=sorted(PRESETS), default=None, help=f"size preset (default {DEFAULT_PRESET})"
-    )
-    parser.add_argument("--config", metavar="FILE", default=None, help="TOML file with [model] and [train] tables")
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"{section} config")
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            meta = f.metadata
-            text = f"{meta['help']} (default {f.default})"
-            if f.type is bool:
-                group.add_argument(
-                    flag, dest=f"{section}.{f.name}", action=argparse.BooleanOptionalAction, default=None, help=text
-                )
-            else:
-                group.add_argument(
-                    flag,
-                    dest=f"{section}.{f.name}",
-                    type=f.type,
-                    default=None,
-                    choices=meta["choices"],
-                    metavar=None if meta["choices"] else f.name.upper(),
-                    help=text,
-                )
-    for name, (*_, text) in SHORT_ARMS.items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=f"short.{name}", action="store_true", help=text)
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Preset < --config file < flags, then resolved."""
-    file_values = load_toml(args.config) if args.config else {}
-    origin = args.config or ""
-    overrides = _sections(file_values, origin) if file_values else {"model": {}, "train": {}}
-    preset = args.preset or file_values.get("preset", DEFAULT_PRESET)
-    for dest, value in vars(args).items():
-        if value is None or "." not in dest:
-            continue
-        section, key = dest.split(".", 1)
-        if section == "short":
-            if value:
-                s, k, v, _ = SHORT_ARMS[key]
-                given = getattr(args, f"{s}.{k}")
-                if given is not None and given != v:
-                    raise ConfigError(f"--{key.replace('_', '-')} contradicts --{k.replace('_', '-')} {given}")
-                overrides.setdefault(s, {})[k] = v
-        else:
-            overrides.setdefault(section, {})[key] = value
-    return resolve(build(preset, overrides))
-
-
-RESUMABLE = {"train.steps", "train.minutes", "train.parallel", "train.dist_timeout", "train.engram_shard"}
-
-
-def resume_config(saved: Config, args: argparse.Namespace) -> Config:
-    """A resumed run keeps its config; only the training length (--steps, --minutes) and how it runs
-    (--parallel, --dist-timeout, --engram-shard: the world size may change) may."""
-    if args.preset or args.config:
-        raise ConfigError("a resumed run keeps its own config: --preset and --config are refused with --resume")
-    out = Config(model=dataclasses.replace(saved.model), train=dataclasses.replace(saved.train), preset=saved.preset)
-    for dest, value in vars(args).items():
-        if "." not in dest or value is None or (value is False and dest not in RESUMABLE):
-            continue
-        if dest not in RESUMABLE:
-            flag = "--" + dest.split(".", 1)[1].replace("_", "-")
-            raise ConfigError(
-                f"{flag} cannot change on --resume: only --steps, --minutes, --parallel, --dist-timeout and "
-                "--engram-shard may"
-            )
-        section, key = dest.split(".", 1)
-        setattr(getattr(out, section), key, value)
-    if vars(args).get("train.parallel") is None:
-        out.train.parallel = "auto"  # decided by this launch, not the saved one's
-    out.train.parallel = resolve_parallel(out.train.parallel)
-    validate(out)
-    return out

@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 
 from dormouse import checkpoint
-from dormouse.config import Config, resolve
+from dormouse.config import Config
 from dormouse.data.default_corpus import default_corpus_dir, describe_default_corpus
 from dormouse.data.shards import Corpus, load_corpus
 from dormouse.errors import ConfigError
 from dormouse.model import precision
+from dormouse.resolve import resolve
 from dormouse.train.ema import EMA_FILE, load_average_
 
 

@@ -51,6 +51,7 @@ from dormouse import config
 from dormouse.data.shards import load_corpus
 from dormouse.distributed import joined
 from dormouse.evaluation import NonFiniteError
+from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
 
 MODEL = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 1024, "engram_dim": 8}
@@ -60,7 +61,7 @@ TRAIN = {"seq_len": 32, "batch_size": 4, "steps": 4, "warmup_steps": 2, "eval_ev
 def tiny_config(model=None, **train):
     """The test's config; `parallel` resolves to ddp under torchrun (WORLD_SIZE 2), to none alone."""
     layers = {"model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train}}
-    return config.resolve(config.build("nano", layers), cuda_available=False)
+    return resolve(config.build("nano", layers), cuda_available=False)
 
 
 # Steps that leave parameters without a gradient: experts no row chose, and at depth 2 with one

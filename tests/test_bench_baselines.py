@@ -11,7 +11,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from dormouse import config
 from dormouse.cli import main
 from dormouse.errors import ConfigError
-from dormouse.tools import baselines, bench
+from dormouse.resolve import resolve
+from dormouse.tools.bench import baseline_models as baselines
+from dormouse.tools.bench import device
+from dormouse.tools.bench.flops import count_baseline_flops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16", "--no-engram"]
@@ -26,7 +29,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 def tiny(**model) -> config.Config:
     sizes = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "block_layers": 1, "depth": 2, "engram": False, **model}
     cfg = config.build("nano", {"model": sizes, "train": {"seq_len": 32, "batch_size": 4, "device": "cpu"}})
-    return config.resolve(cfg, cuda_available=False)
+    return resolve(cfg, cuda_available=False)
 
 
 def test_gpt_parameter_count_by_hand():
@@ -59,14 +62,14 @@ def test_gpt_matmul_flops_equal_torchs_flop_counter():
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).backward()
     counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
-    flops = bench.count_baseline_flops(model, cfg, "gpt")
+    flops = count_baseline_flops(model, cfg, "gpt")
     assert flops.dense == counts["aten.mm"] + counts.get("aten.addmm", 0)
     # H·head_dim·2·(T+1) per position, × 3 (fwd + bwd) × B·T × 2 layers
     assert flops.mixer == 3 * 4 * 32 * 2 * (2 * 8 * 2 * 33)
 
 
 def test_bench_model_gpt_appends_one_gpt_sdpa_row(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "CPU_PEAK_N", 256)
+    monkeypatch.setattr(device, "CPU_PEAK_N", 256)
     history, logs = tmp_path / "history.tsv", tmp_path / "logs"
     argv = ["bench", "--model", "gpt", *TINY, "--steps", "2", "--warmup", "1"]
     assert main([*argv, "--history", str(history), "--log-dir", str(logs)]) == 0
@@ -83,7 +86,7 @@ def test_bench_model_gpt_appends_one_gpt_sdpa_row(tmp_path, monkeypatch):
 
 
 def test_baselines_add_a_gpt_row_and_skip_fla_kda_on_the_cpu(random_corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "CPU_PEAK_N", 256)
+    monkeypatch.setattr(device, "CPU_PEAK_N", 256)
     history, logs = tmp_path / "history.tsv", tmp_path / "logs"
     argv = ["bench", "--baselines", "--data", str(random_corpus(4000)), *TINY, "--steps", "1", "--warmup", "1"]
     assert main([*argv, "--history", str(history), "--log-dir", str(logs)]) == 0

@@ -1,31 +1,33 @@
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from dormouse import config
+from dormouse import config, config_flags
 from dormouse.cli import build_parser
 from dormouse.errors import ConfigError, DormouseError
+from dormouse.resolve import resolve
 
 
 def parse(*argv):
-    return config.config_from_args(build_parser().parse_args(["inspect", *argv]))
+    return config_flags.config_from_args(build_parser().parse_args(["inspect", *argv]))
 
 
 def test_presets_match_the_issue():
-    nano = config.resolve(config.build("nano"), cuda_available=False)
+    nano = resolve(config.build("nano"), cuda_available=False)
     assert (nano.model.d_model, nano.model.n_heads, nano.model.block_layers, nano.model.depth) == (128, 4, 2, 2)
     assert (nano.train.seq_len, nano.train.batch_size) == (256, 8)
-    small = config.resolve(config.build("small"), cuda_available=False)
+    small = resolve(config.build("small"), cuda_available=False)
     assert (small.model.d_model, small.model.n_heads, small.model.head_dim) == (512, 8, 64)
     assert (small.model.block_layers, small.model.depth, small.model.ffn_hidden) == (4, 2, 1536)
     assert (small.train.seq_len, small.train.batch_size) == (512, 10)
-    base = config.resolve(config.build("base"), cuda_available=False)
+    base = resolve(config.build("base"), cuda_available=False)
     assert (base.model.d_model, base.model.n_heads, base.model.block_layers, base.model.depth) == (768, 12, 6, 2)
     assert base.train.seq_len == 1024 and base.model.head_dim == 64
 
 
 def test_resolve_fills_derived_values_and_decides_auto():
-    cfg = config.resolve(config.build("nano"), cuda_available=False)
+    cfg = resolve(config.build("nano"), cuda_available=False)
     assert cfg.model.head_dim == 32
     assert cfg.model.ffn_hidden == 384  # 8/3 * 128 = 341.3 → next multiple of 64
     assert cfg.train.device == "cpu" and cfg.model.kda_backend == "chunked"
@@ -33,7 +35,7 @@ def test_resolve_fills_derived_values_and_decides_auto():
 
 def test_precedence_preset_file_flags(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text('preset = "small"\n[model]\ndepth = 3\nd_model = 256\n[train]\nlr = 0.01\n')
+    f.write_text('preset = "small"\n[model]\ndepth = 3\nd_model = 256\n[optimizer]\nlr = 0.01\n')
     cfg = parse("--config", str(f), "--depth", "5")
     assert cfg.preset == "small"
     assert cfg.model.depth == 5  # flag beats file
@@ -47,7 +49,7 @@ def test_booleans_and_short_arms():
     assert parse("--no-short-conv").model.short_conv is False
     assert parse("--short-conv").model.short_conv is True
     assert parse("--no-kda").model.mixer == "attention"
-    assert parse("--no-engram").model.engram is False and parse().model.engram is True
+    assert parse("--engram").model.engram is True and parse().model.engram is False
     with pytest.raises(ConfigError, match="--no-kda contradicts --mixer kda"):
         parse("--no-kda", "--mixer", "kda")
 
@@ -69,15 +71,15 @@ def test_booleans_and_short_arms():
         (["--engram-layers", "0,0"], r"engram_layers '0,0': distinct block layers"),
         (["--engram-layers", "0,x"], r"engram_layers '0,x': distinct block layers"),
         (["--engram-layers", "-1"], r"engram_layers '-1': distinct block layers"),
-        (["--engram-layers", ""], "engram_layers is empty while engram is on"),
+        (["--engram", "--engram-layers", ""], "engram_layers is empty while engram is on"),
         (["--engram-orders", "2,x"], "engram_orders '2,x': distinct integers in 1..16"),
         (["--engram-orders", "3,3"], "engram_orders '3,3'"),
         (["--rand-depth", "--mor"], r"rand_depth and mor cannot be combined \(--rand-depth with --mor\)"),
         (["--rand-depth", "--rand-depth-min", "2"], "rand_depth_min 2 must be below depth 2"),
         (["--rand-depth", "--rand-depth-bptt", "3"], "rand_depth_bptt 3 exceeds depth 2"),
         (["--rand-depth-bptt", "1"], "act only with --rand-depth"),
-        (["--byte-noise-source", "unigram"], "byte_noise_source unigram acts only with byte_noise > 0"),
-        (["--opt", "adamw", "--sinkhorn-lr-scale", "0.1"], r"sinkhorn_lr_scale 0.1 acts only with opt default"),
+        (["--byte-noise", "0", "--byte-noise-source", "unigram"], "byte_noise_source unigram acts only with byte"),
+        (["--opt", "adamw", "--sinkhorn-lr-scale", "0.1"], r"sinkhorn_lr_scale 0.1 acts only with --opt sinkhorn"),
         (["--mor", "--depth", "1"], "mor routes the iterations after the first: it needs depth >= 2"),
         (["--mor", "--attn-res"], "mor with attn_res is not built"),
         (["--experts-dense"], r"experts_dense needs n_experts > 1 \(--n-experts\)"),
@@ -109,8 +111,16 @@ def test_engram_layers_are_parsed_ascending_and_may_be_empty_only_without_engram
 def test_config_file_refusals(tmp_path):
     bad_key = tmp_path / "a.toml"
     bad_key.write_text("[model]\nd_modle = 3\n")
-    with pytest.raises(ConfigError, match=r"unknown model field\(s\) \['d_modle'\]"):
+    with pytest.raises(ConfigError, match=r"\[model\] has no field 'd_modle'; known: \["):
         parse("--config", str(bad_key))
+    wrong_table = tmp_path / "w.toml"
+    wrong_table.write_text("[model]\nengram = true\n")
+    with pytest.raises(ConfigError, match=r"\[model\] has no field 'engram'; it belongs in \[arms\]"):
+        parse("--config", str(wrong_table))
+    old_table = tmp_path / "t.toml"
+    old_table.write_text("[train]\nlr = 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown table\(s\) \['train'\]; allowed: preset, data, model"):
+        parse("--config", str(old_table))
     bad_type = tmp_path / "b.toml"
     bad_type.write_text('[model]\ndepth = "two"\n')
     with pytest.raises(ConfigError, match="depth: expected int, got 'two'"):
@@ -127,7 +137,7 @@ def test_config_file_refusals(tmp_path):
 
 def test_round_trip_through_dict():
     cfg = parse("--preset", "small", "--depth", "3")
-    again = config.resolve(config.Config.from_dict(cfg.to_dict()), cuda_available=False)
+    again = resolve(config.Config.from_dict(cfg.to_dict()), cuda_available=False)
     assert again == cfg
 
 
@@ -137,7 +147,8 @@ NANOGPT_BYTES = 5000 * 64 * 256  # nanoGPT's tiny-shakespeare run: 5000 steps of
 
 def committed(path: Path) -> config.Config:
     """A committed config, validated (resolving it for CUDA would need fla, which CI does not have)."""
-    cfg = config.Config.from_dict(config.load_toml(path))
+    values = config.load_toml(path)
+    cfg = config.build(values.get("preset", config.DEFAULT_PRESET), config.toml_overrides(values, str(path)))
     config.validate(cfg)
     return cfg
 
@@ -152,7 +163,46 @@ def test_tinyshakespeare_recipe_stays_within_nanogpts_bytes_with_evals_at_quarte
     t = cfg.train
     assert t.steps * t.batch_size * t.seq_len <= NANOGPT_BYTES
     assert [t.steps // 4, t.steps // 2] == [t.eval_every, 2 * t.eval_every] and t.steps % t.eval_every == 0
-    assert (cfg.model.engram, cfg.model.dropout, t.opt, t.cuda_graph) == (False, 0.3, "adamw", True)
+
+
+# What a recipe may set away from the defaults: the corpus's sizes and budget, and its eval cadence.
+CORPUS_SETTINGS = {"seq_len", "batch_size", "steps", "minutes", "eval_every", "eval_bytes", "ckpt_every"}
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_defaults_are_the_recipes_choices(path):
+    """Every setting a committed recipe makes, but its sizes and budget, is the default: with no flags,
+    train runs the measured best (each recipe line names its evidence)."""
+    values = config.load_toml(path)
+    defaults = config.Config()
+    for section, table in config.toml_overrides(values, str(path)).items():
+        for key, value in table.items():
+            if key not in CORPUS_SETTINGS:
+                assert getattr(getattr(defaults, section), key) == value, f"{path.name}: {key} is not the default"
+    lines = [line for line in path.read_text().splitlines() if "=" in line and not line.startswith("#")]
+    assert all("evidence/" in line or line.split("=")[0].strip() in CORPUS_SETTINGS | {"preset"} for line in lines)
+
+
+def test_the_defaults_are_the_measured_best():
+    m, t = config.Config().model, config.Config().train
+    assert (m.engram, m.dropout, t.opt, t.weight_decay, t.lr_floor) == (False, 0.3, "adamw", 1.0, 0.5)
+    assert (t.byte_noise, t.ema_decay, t.dtype, t.cuda_graph) == (0.1, 0.998, "auto", None)
+    assert all(name in ("nano", "small", "base") for name in config.PRESETS)
+    sized = {f.name for cls in config.SECTIONS.values() for f in fields(cls) if f.metadata["group"] in ("model",)}
+    for preset in config.PRESETS.values():  # presets name sizes only
+        assert set(preset["model"]) <= sized | {"engram_rows", "engram_dim"}
+        assert set(preset["train"]) <= {"seq_len", "batch_size"}
+
+
+def test_auto_dtype_and_cuda_graph_follow_the_device():
+    cpu = config.resolve_values(config.build("nano"), cuda_available=False).train
+    assert (cpu.dtype, cpu.cuda_graph) == ("fp32", False)
+    cuda = config.resolve_values(config.build("nano"), cuda_available=True).train
+    assert (cuda.dtype, cuda.cuda_graph) == ("bf16", True)
+    mor = config.resolve_values(config.build("nano", {"model": {"mor": True}}), cuda_available=True).train
+    assert mor.cuda_graph is False  # auto leaves the graph off where an arm cannot be captured
+    with pytest.raises(ConfigError, match="cuda_graph with mor is not built"):
+        config.resolve_values(config.build("nano", {"model": {"mor": True}, "train": {"cuda_graph": True}}))
 
 
 def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
@@ -161,13 +211,13 @@ def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
     from dormouse.model.model import DormouseLM
 
     hybrid = {"model": {"block_layers": 4, "attention_layers": "3,1"}}
-    cfg = config.resolve(config.build("nano", hybrid), cuda_available=False)
+    cfg = resolve(config.build("nano", hybrid), cuda_available=False)
     assert config.layer_mixers(cfg.model) == ["kda", "attention", "kda", "attention"]
     kinds = [type(layer.mixer) for layer in DormouseLM(cfg.model).layers]
     assert kinds == [KDALayer, CausalSelfAttention, KDALayer, CausalSelfAttention]
     # QK-norm on by default, off with --no-attn-qk-norm (eps: the model's norm_eps)
     for flags, has in [({}, True), ({"attn_qk_norm": False}, False)]:
-        c = config.resolve(
+        c = resolve(
             config.build("nano", {"model": {**hybrid["model"], **flags, "norm_eps": 1e-5}}), cuda_available=False
         )
         mixers = [layer.mixer for layer in DormouseLM(c.model).layers if isinstance(layer.mixer, CausalSelfAttention)]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dormouse import checkpoint, config
+from dormouse import checkpoint, config_flags
 from dormouse.cli import build_parser, main
 from dormouse.data.sampler import Sampler, heldout_windows, rank_rows
 from dormouse.data.shards import load_corpus
@@ -148,10 +148,10 @@ def test_resume_decides_parallel_by_its_own_launch(monkeypatch):
     saved = tiny_config()  # a one-process run
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = build_parser().parse_args(["train", "--resume", "RUN", "--dist-timeout", "30"])
-    resumed = config.resume_config(saved, args)
+    resumed = config_flags.resume_config(saved, args)
     assert (resumed.train.parallel, resumed.train.dist_timeout) == ("ddp", 30.0)
     monkeypatch.delenv("WORLD_SIZE")
-    alone = config.resume_config(resumed, build_parser().parse_args(["train", "--resume", "RUN"]))
+    alone = config_flags.resume_config(resumed, build_parser().parse_args(["train", "--resume", "RUN"]))
     assert alone.train.parallel == "none"
 
 

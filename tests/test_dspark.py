@@ -8,13 +8,14 @@ from dormouse import config, rng
 from dormouse.errors import ConfigError
 from dormouse.model.dspark import anchors, window
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 
 
 def tiny(**extra):
     model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
     model.update({"engram_dim": 8, "dspark_weight": 0.5, "dspark_k": 3, "dspark_stride": 4, **extra})
     cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
-    return config.resolve(cfg, cuda_available=False).model
+    return resolve(cfg, cuda_available=False).model
 
 
 def ids(b, t, step=0):

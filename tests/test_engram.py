@@ -27,6 +27,7 @@ from dormouse.model.engram import (
     table_rows_touched,
 )
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.routing import route
 
 F64 = torch.float64
@@ -461,7 +462,7 @@ def test_the_eval_counts_rows_distinct_over_the_whole_pass(tmp_path):
     prepare([tmp_path / "text.txt"], tmp_path / "corpus", heldout_tail=0.5)  # held out: "abab…", 64 bytes
     model_cfg = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16}
     engram_cfg = {"engram_orders": "1,2", "engram_heads": 1, "engram_rows": 1009, "engram_layers": "0,1"}
-    cfg = config.resolve(config.build("nano", {"model": {**model_cfg, **engram_cfg}}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": {**model_cfg, **engram_cfg}}), cuda_available=False)
     held = heldout_score(
         DormouseLM(cfg.model),
         load_corpus(tmp_path / "corpus"),

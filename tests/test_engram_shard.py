@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dormouse import config
+from dormouse import config, config_flags
 from dormouse.cli import build_parser
 from dormouse.distributed import World
 from dormouse.errors import ConfigError
@@ -98,7 +98,7 @@ def test_alone_sharding_is_a_no_op():
 
 
 def _config(*flags):
-    return config.config_from_args(build_parser().parse_args(["train", "--data", "D", *flags]))
+    return config_flags.config_from_args(build_parser().parse_args(["train", "--data", "D", *flags]))
 
 
 def test_engram_shard_flag_is_refused_where_it_cannot_apply(monkeypatch):
@@ -118,7 +118,7 @@ def test_engram_shard_may_change_on_resume_either_way(monkeypatch):
     saved = _config("--engram-shard")
 
     def resume(*flags) -> config.Config:
-        return config.resume_config(saved, build_parser().parse_args(["train", "--resume", "RUN", *flags]))
+        return config_flags.resume_config(saved, build_parser().parse_args(["train", "--resume", "RUN", *flags]))
 
     assert resume().train.engram_shard
     assert not resume("--no-engram-shard").train.engram_shard

@@ -10,11 +10,12 @@ from dormouse.cli import main
 from dormouse.decode.generate import Decoder, generate
 from dormouse.errors import DormouseError
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 
 
 def tiny_model(sharpen=40.0, **model):
     values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, **model}
-    cfg = config.resolve(config.build("nano", {"model": values}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     model = DormouseLM(cfg.model, seed=3).eval()
     with torch.no_grad():  # sharpen the untrained model so greedy choices are not near-ties
         model.embed.weight.mul_(sharpen)

@@ -9,6 +9,7 @@ import torch
 from dormouse import config, counters, ledger, rng
 from dormouse.errors import ConfigError
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.graphed import CountSnapshot, GraphedStep, look_up_rows_, row_plans, set_table_grads_, table_rows
 from dormouse.train.sparse import RowPlan
 
@@ -16,7 +17,7 @@ from dormouse.train.sparse import RowPlan
 def small_model(**model):
     values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257}
     values.update({"engram_dim": 8, "engram_layers": "0,1", **model})
-    cfg = config.resolve(config.build("nano", {"model": values}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     return DormouseLM(cfg.model, seed=3)
 
 
@@ -137,7 +138,7 @@ def test_random_depth_that_leaves_the_engram_untrained_at_some_depths_is_refused
 def test_cuda_graph_needs_one_process_on_cuda():
     cfg = config.build("nano", {"train": {"cuda_graph": True}})
     with pytest.raises(ConfigError, match="cuda_graph needs one process on CUDA; this run is device cpu"):
-        config.resolve(cfg, cuda_available=False)
+        resolve(cfg, cuda_available=False)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         GraphedStep(small_model(), None, torch.device("cpu"))
 

@@ -10,6 +10,7 @@ import torch
 
 from dormouse import config, rng
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.graphed_update import GraphedUpdate
 from dormouse.train.optim import NesterovSinkhorn
 from dormouse.train.routing import build_optimizers, route
@@ -20,7 +21,7 @@ HYPER = SimpleNamespace(lr=0.01, weight_decay=0.1, sinkhorn_lr_scale=1.0)
 
 def model(**fields):
     values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257, **fields}
-    cfg = config.resolve(config.build("nano", {"model": values}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     return DormouseLM(cfg.model, seed=5)
 
 

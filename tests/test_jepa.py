@@ -15,6 +15,7 @@ from dormouse.errors import ConfigError, DormouseError
 from dormouse.evaluation import heldout_score
 from dormouse.model.jepa import Predictor, jepa_term, span_starts
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
 
 
@@ -62,7 +63,7 @@ def tiny(**extra):
     model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
     model.update({"engram_dim": 8, "jepa_weight": 0.5, "jepa_span": 4, "jepa_spans": 3, **extra})
     cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
-    return config.resolve(cfg, cuda_available=False).model
+    return resolve(cfg, cuda_available=False).model
 
 
 def test_model_term_weight_and_a_missing_mask():
@@ -89,7 +90,7 @@ def run_config(**model):
     train = {"seq_len": 32, "batch_size": 2, "steps": 4, "warmup_steps": 1, "eval_every": 2, "ckpt_every": 2}
     values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
     values.update({"engram_dim": 8, "jepa_weight": 0.5, "dspark_weight": 0.5, "dspark_stride": 8, **model})
-    return config.resolve(config.build("nano", {"model": values, "train": train}), cuda_available=False)
+    return resolve(config.build("nano", {"model": values, "train": train}), cuda_available=False)
 
 
 def records(run, kind):

@@ -24,7 +24,7 @@ triton_interpreter.fix()
 from float64_references import conv, conv_grads, gate_grads, head_rstd  # noqa: E402
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build, resolve  # noqa: E402
+from dormouse.config import build  # noqa: E402
 from dormouse.model import (  # noqa: E402
     engram_gate,
     fused_or_plain,
@@ -35,6 +35,7 @@ from dormouse.model import (  # noqa: E402
 )
 from dormouse.model import engram_gate_kernels as gate_kernels  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.resolve import resolve  # noqa: E402
 from dormouse.train import optim, row_sum_kernels, sinkhorn_kernels  # noqa: E402
 from dormouse.train.sparse import RowPlan, SparseRowAdam  # noqa: E402
 

@@ -7,6 +7,7 @@ import torch
 
 from dormouse import config, rng
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.routing import build_optimizers, route
 from dormouse.train.schedule import lr_multiplier
 from dormouse.train.sparse import clip_grad_norm_
@@ -21,7 +22,7 @@ def test_nano_overfits_2kb_below_half_a_bit_per_byte():
     T, B, steps = 128, 8, 200
     train = {"seq_len": T, "batch_size": B, "steps": steps, "warmup_steps": 20, "lr": 3e-3, "weight_decay": 0.0}
     # Chunk 32: the CPU chunked form's cost grows with the chunk (T = 128 is 4 chunks).
-    cfg = config.resolve(config.build("nano", {"train": train, "model": {"kda_chunk_size": 32}}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"train": train, "model": {"kda_chunk_size": 32}}), cuda_available=False)
     model = DormouseLM(cfg.model, seed=0)
     opt = build_optimizers(route(model), cfg.train)
     for step in range(steps):

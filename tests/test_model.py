@@ -11,6 +11,7 @@ from dormouse.errors import DormouseError
 from dormouse.model.dropout import branch_drop_of, drop_path, dropout, keep_all, step_generator
 from dormouse.model.loop import Branches, Stream
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 
 MIXERS = ("kda", "attention")
 EXPERTS = ((1, 1), (4, 2))
@@ -36,7 +37,7 @@ def tiny(mixer="kda", experts=(1, 1), attn_res=False, memory=("disabled", 0), **
     }
     model.update(extra)
     cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
-    return config.resolve(cfg, cuda_available=False).model
+    return resolve(cfg, cuda_available=False).model
 
 
 def ids(b, t, step=0):

@@ -9,6 +9,7 @@ import torch
 from dormouse import config, counters, ledger
 from dormouse.model.model import DormouseLM
 from dormouse.model.norm import RMSNorm, set_norm_backend
+from dormouse.resolve import resolve
 
 
 def test_plain_matches_the_formula_in_float64():
@@ -31,7 +32,7 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
 
 
 def test_config_resolves_and_the_model_sets_every_norm():
-    cfg = config.resolve(config.build("nano", {"model": {"attn_res": True}}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": {"attn_res": True}}), cuda_available=False)
     assert cfg.model.norm_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
@@ -210,7 +211,7 @@ def test_add_and_norm_plain_is_the_sum_then_the_norm_and_refuses_a_narrower_stre
 
 def test_the_block_flags_the_norms_that_feed_one_matmul():
     def flags(**model):
-        cfg = config.resolve(config.build("nano", {"model": model}), cuda_available=False)
+        cfg = resolve(config.build("nano", {"model": model}), cuda_available=False)
         return {(l.mixer_norm.feeds_one_matmul, l.ffn_norm.feeds_one_matmul) for l in DormouseLM(cfg.model).layers}
 
     assert flags() == {(True, True)}

@@ -10,6 +10,7 @@ import torch
 from dormouse import config, ledger
 from dormouse.errors import ConfigError
 from dormouse.model import fla_kernels, precision
+from dormouse.resolve import resolve
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +65,7 @@ def test_unknown_dtype_and_cpu_only_fp32():
         precision.apply("fp16")
     for dtype in ("tf32", "bf16"):
         with pytest.raises(ConfigError, match=f"dtype {dtype} is for CUDA"):
-            config.resolve(config.build("nano", {"train": {"dtype": dtype, "device": "cpu"}}), cuda_available=False)
+            resolve(config.build("nano", {"train": {"dtype": dtype, "device": "cpu"}}), cuda_available=False)
 
 
 def test_fla_pin_folder_names_follow_fla():

@@ -5,9 +5,10 @@ import hashlib
 
 import pytest
 
-from dormouse import config
+from dormouse import config, config_flags
 from dormouse.cli import build_parser, main
 from dormouse.data.shards import load_corpus
+from dormouse.resolve import resolve
 from dormouse.tools import replay
 from dormouse.tools.replay import INJECT_ENV, compare
 from dormouse.train.trainer import Trainer
@@ -29,7 +30,7 @@ def corpus_dir(random_corpus):
 @pytest.fixture(scope="module")
 def run(corpus_dir, tmp_path_factory):
     """A tiny run trained to step 4, with checkpoints after 2 and 4 updates."""
-    cfg = config.resolve(config.build("nano", {"model": TINY_MODEL, "train": TINY_TRAIN}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": TINY_MODEL, "train": TINY_TRAIN}), cuda_available=False)
     run = tmp_path_factory.mktemp("runs") / "tiny"
     Trainer(cfg, load_corpus(corpus_dir), run, corpus_note="test corpus").run_loop(until_step=4)
     return run
@@ -105,7 +106,7 @@ def test_a_step_with_dropout_replays_identical_with_the_masks_of_its_step(corpus
     loss = float(line.split(" loss=")[1].split()[0])
 
     def second_step_ce(dropout: str) -> float:
-        cfg = config.config_from_args(build_parser().parse_args(["replay", *flags, "--dropout", dropout]))
+        cfg = config_flags.config_from_args(build_parser().parse_args(["replay", *flags, "--dropout", dropout]))
         trainer = Trainer(cfg, load_corpus(corpus_dir), tmp_path / dropout, corpus_note="test corpus")
         trainer.train_step(0)
         return trainer.train_step(1)

@@ -8,6 +8,7 @@ from dormouse import rng
 from dormouse.model.attnres import AttnRes
 from dormouse.model.ffn import MoE
 from dormouse.model.kda import KDALayer
+from dormouse.resolve import resolve
 from dormouse.train.routing import describe, route
 
 
@@ -213,7 +214,7 @@ def test_small_preset_routing_is_pinned():
     from dormouse import config
     from dormouse.model.model import DormouseLM
 
-    model = DormouseLM(config.resolve(config.build("small"), cuda_available=False).model)
+    model = DormouseLM(resolve(config.build("small"), cuda_available=False).model)
     assert table(route(model)) == SMALL
     adamw = table(route(model, "adamw"))
     assert set(adamw.values()) == {"adamw_decay", "adamw_no_decay", "sparse"}
@@ -240,5 +241,5 @@ def test_small_preset_with_dspark_and_jepa_routing_is_pinned():
     from dormouse.model.model import DormouseLM
 
     cfg = config.build("small", {"model": {"dspark_weight": 0.1, "jepa_weight": 0.1}})
-    model = DormouseLM(config.resolve(cfg, cuda_available=False).model)
+    model = DormouseLM(resolve(cfg, cuda_available=False).model)
     assert table(route(model)) == SMALL | SMALL_AUX

@@ -14,6 +14,7 @@ from dormouse.model import short_conv
 from dormouse.model.engram import EngramConv
 from dormouse.model.model import DormouseLM
 from dormouse.model.short_conv import ShortConv, set_conv_backend
+from dormouse.resolve import resolve
 
 
 def loop_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -159,7 +160,7 @@ def test_a_decode_step_runs_plain_and_is_counted(fused):
 
 
 def test_config_resolves_and_the_model_sets_every_conv():
-    cfg = config.resolve(config.build("nano"), cuda_available=False)
+    cfg = resolve(config.build("nano"), cuda_available=False)
     assert cfg.model.conv_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     convs = [m for m in model.modules() if isinstance(m, ShortConv)]

@@ -13,6 +13,7 @@ from dormouse.decode.generate import generate
 from dormouse.decode.speculative import verify
 from dormouse.errors import DormouseError
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.tools.history import read_history
 
 PROMPT = b"The dormouse"
@@ -21,7 +22,7 @@ PROMPT = b"The dormouse"
 def draft_model(mixer="kda", **model):
     values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
     values.update({"mixer": mixer, "dspark_weight": 0.5, "dspark_k": 3, **model})
-    cfg = config.resolve(config.build("nano", {"model": values}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     model = DormouseLM(cfg.model, seed=3).eval()
     with torch.no_grad():  # sharpen the untrained model so greedy choices are not near-ties
         model.embed.weight.mul_(40.0)

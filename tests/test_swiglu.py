@@ -12,6 +12,7 @@ from dormouse import config, counters, ledger
 from dormouse.model import swiglu
 from dormouse.model.ffn import SwiGLU, set_swiglu_backend
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -109,7 +110,7 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
 
 
 def test_config_resolves_and_the_model_sets_every_swiglu():
-    cfg = config.resolve(config.build("nano"), cuda_available=False)
+    cfg = resolve(config.build("nano"), cuda_available=False)
     assert cfg.model.swiglu_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     ffns = [m for m in model.modules() if isinstance(m, SwiGLU)]

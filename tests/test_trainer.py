@@ -19,6 +19,7 @@ from dormouse.errors import DormouseError
 from dormouse.evaluation import NonFiniteError, heldout_score
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
 
 
@@ -32,7 +33,7 @@ def tiny_config(engram=None, **train):
     values.update(train)
     model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 1024, "engram_dim": 8}
     cfg = config.build("nano", {"model": {**model, **(engram or {})}, "train": values})
-    return config.resolve(cfg, cuda_available=False)
+    return resolve(cfg, cuda_available=False)
 
 
 def train_losses(run) -> list[float]:

@@ -4,12 +4,13 @@ from pathlib import Path
 
 from dormouse import checkpoint, config
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 from dormouse.train.stress import StressMonitor
 
 
 def save_untrained_run(run: Path, model_values: dict) -> config.Config:
     """Write config.json and checkpoint step 0 of a nano model with `model_values` into `run`; returns the config."""
-    cfg = config.resolve(config.build("nano", {"model": model_values}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": model_values}), cuda_available=False)
     model = DormouseLM(cfg.model, seed=cfg.train.seed)
     model_state, tensors, stamp = model.checkpoint_parts()
     (run / "config.json").write_text(cfg.to_json())

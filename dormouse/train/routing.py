@@ -46,7 +46,7 @@ OPTIMIZER = {
     "sparse": "SparseRowAdam",
 }
 WEIGHT_DECAY = {"matrices": True, "adamw_decay": True, "adamw_no_decay": False, "sparse": False}
-OPTS = ("default", "adamw")
+OPTS = ("sinkhorn", "adamw")
 ATTR = "_dormouse_route"
 
 
@@ -62,7 +62,7 @@ class Group:
         return sum(p.numel() for _, p in self.params)
 
 
-def route(model: nn.Module, opt: str = "default") -> list[Group]:
+def route(model: nn.Module, opt: str = "sinkhorn") -> list[Group]:
     """Every trainable parameter of `model` in exactly one group; groups in ROUTES order, empty ones left out."""
     if opt not in OPTS:
         raise ValueError(f"unknown opt {opt!r}; choose one of {OPTS}")

@@ -26,8 +26,9 @@ if kernels is None:
 import float64_references as f64  # noqa: E402 (tests/float64_references.py)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build, resolve  # noqa: E402
+from dormouse.config import build  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (2.0**-8, 2.0**-8, 1e-5)}  # (y, dx, dw)
 

@@ -22,11 +22,12 @@ if engram_gate.fused_kernels()[0] is None:
 from float64_references import gate_grads  # noqa: E402 (tests/float64_references.py)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build, resolve  # noqa: E402
+from dormouse.config import build  # noqa: E402
 from dormouse.model import projections  # noqa: E402
 from dormouse.model.init import linear, normal_init_  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.model.norm import RMSNorm  # noqa: E402
+from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-8}
 EPS = 1e-6

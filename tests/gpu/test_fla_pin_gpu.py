@@ -19,6 +19,7 @@ if fla_kernels.chunk_kda()[0] is None:
 
 from dormouse import config  # noqa: E402
 from dormouse.data.shards import load_corpus  # noqa: E402
+from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer  # noqa: E402
 
 
@@ -42,5 +43,5 @@ def test_the_recipes_shape_chooses_no_kernel_by_timing(random_corpus, tmp_path):
         },
     )
     corpus = load_corpus(random_corpus(40000, repeats=2))
-    Trainer(config.resolve(cfg), corpus, tmp_path / "run", corpus_note="test corpus").run_loop()
+    Trainer(resolve(cfg), corpus, tmp_path / "run", corpus_note="test corpus").run_loop()
     assert fla_kernels.count_unpinned() == 0

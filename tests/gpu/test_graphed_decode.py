@@ -12,11 +12,12 @@ from dormouse import config  # noqa: E402
 from dormouse.decode.generate import Decoder, sample  # noqa: E402
 from dormouse.decode.graphed import GraphedDecoder  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.resolve import resolve
 
 
 def model_on_cuda(**arm):
     values = {"d_model": 64, "n_heads": 2, "ffn_hidden": 128, **arm}
-    cfg = config.resolve(config.build("nano", {"model": values, "train": {"device": "cuda"}}), cuda_available=True)
+    cfg = resolve(config.build("nano", {"model": values, "train": {"device": "cuda"}}), cuda_available=True)
     return DormouseLM(cfg.model, seed=3).cuda().eval()
 
 

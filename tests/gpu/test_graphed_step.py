@@ -20,6 +20,7 @@ if fla_kernels.chunk_kda()[0] is None:
 from dormouse import config  # noqa: E402
 from dormouse.data.shards import load_corpus  # noqa: E402
 from dormouse.evaluation import NonFiniteError  # noqa: E402
+from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def graphed_trainer(random_corpus, run) -> Trainer:
     """A --cuda-graph trainer of SHAPE at T 256, B 64, bf16, for 8 steps."""
     corpus = load_corpus(random_corpus(20000, repeats=2))
     train = {"seq_len": 256, "batch_size": 64, "steps": 8, "eval_every": 4, "dtype": "bf16", "cuda_graph": True}
-    cfg = config.resolve(config.build("nano", {"model": SHAPE, "train": train}))
+    cfg = resolve(config.build("nano", {"model": SHAPE, "train": train}))
     return Trainer(cfg, corpus, run, corpus_note="test corpus")
 
 
@@ -89,7 +90,7 @@ def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dt
     for i, graph in enumerate((False, True, False)):
         cfg = config.build("nano", {"model": {**SHAPE, **model}, "train": {**train, "cuda_graph": graph}})
         run = tmp_path / f"run-{i}-graph-{graph}"
-        trainer = Trainer(config.resolve(cfg), corpus, run, corpus_note="test corpus")
+        trainer = Trainer(resolve(cfg), corpus, run, corpus_note="test corpus")
         trainer.run_loop()
         weights = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
         runs.append((records(run, "train"), records(run, "eval"), weights, trainer))

@@ -18,9 +18,10 @@ if fla_kernels.rms_norm()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.rms_norm()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build, resolve  # noqa: E402
+from dormouse.config import build  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.model.norm import GatedRMSNorm, RMSNorm  # noqa: E402
+from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2.0**-8, 1e-2)}  # (output, gradients)
 

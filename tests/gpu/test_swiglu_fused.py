@@ -19,11 +19,12 @@ if swiglu.fused_kernels()[0] is None:
     pytest.skip(f"needs Triton (extra `gpu`): {swiglu.fused_kernels()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build, resolve  # noqa: E402
+from dormouse.config import build  # noqa: E402
 
 # fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import.
 from dormouse.model import fla_kernels  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8}
 
