@@ -149,6 +149,14 @@ def fla_unpinned(tmp: Path, monkeypatch) -> None:
     fla_kernels.count_unpinned()
 
 
+def fla_borrowed_pin(tmp: Path, monkeypatch) -> None:
+    # A made-up card of the H200's compute capability, with no pin of its own, borrows the H200's.
+    from dormouse.model import fla_kernels
+
+    source = fla_kernels.kernel_source("Fake GPU X9", (9, 0), {"HOME": str(tmp)})
+    fla_kernels._apply(source, {}, lambda *hook: None)
+
+
 TRIGGERS = {
     "checkpoint.file_missing": checkpoint_file_missing,
     "checkpoint.hash_mismatch": checkpoint_hash_mismatch,
@@ -168,6 +176,7 @@ TRIGGERS = {
     "memory.skipped": memory_skipped,
     "memory.enforced": memory_enforced,
     "fla.unpinned": fla_unpinned,
+    "fla.borrowed_pin": fla_borrowed_pin,
 }
 
 

@@ -5,13 +5,16 @@ the fastest. A choice made by a timing race can differ between runs and machines
 sizes sum in a different order, so losses would differ too. fla can read kernel choices from JSON
 files instead (fla/ops/utils/cache.py: `FLA_CONFIG_DIR`, `FLA_CACHE_MODE`); dormouse commits those
 files under `dormouse/model/fla_configs/<GPU>/` and points fla at them before fla is first imported.
+Which folder fla reads on a card is `kernel_source`'s choice: the card's pin, else a pin of a card of
+the same compute capability, else the card's user cache (~/.cache/dormouse/kernels/<GPU>/), where
+the choices Triton makes on that card are kept at exit (`store_new_choices`).
 
 A (kernel, key) the files do not cover is still autotuned by Triton (or read from Triton's own disk
-cache). fla's fuzzy mode keeps new shapes of a known kernel pinned (see `_pin_environment`). Anything
-else is a path other than the pinned one, so `count_unpinned()` counts each such choice once
-on the ledger site `fla.unpinned` (shown on the eval line as `fallbacks=`). `dump_choices()` writes
-the choices a process made in fla's file format; with DORMOUSE_FLA_DUMP=<folder> set, every process
-that imports fla through here writes them there at exit (how benches/gpu_session.sh refreshes the pin).
+cache). fla's fuzzy mode keeps new shapes of a known kernel pinned (see `_apply`). Anything else is
+a path other than the pinned one, so `count_unpinned()` counts each such choice once on the ledger
+site `fla.unpinned` (shown on the eval line as `fallbacks=`). `dump_choices()` writes the choices a
+process made in fla's file format; with DORMOUSE_FLA_DUMP=<folder> set, every process that imports
+fla through here writes them there at exit (benches/gpu_call.sh sets it).
 """
 
 import atexit
@@ -28,15 +31,26 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dormouse import ledger
+from dormouse.errors import DormouseError
 
 UNPINNED = ledger.register(
     "fla.unpinned",
     ledger.Kind.COUNTED,
     "an fla kernel configuration was chosen by Triton (autotune timing or its disk cache) because the "
-    "committed pin in dormouse/model/fla_configs/ has no entry for that kernel and key",
+    "kernel choices fla reads (the committed pin, or this card's user cache) have no entry for that kernel and key",
+    __name__,
+)
+BORROWED = ledger.register(
+    "fla.borrowed_pin",
+    ledger.Kind.COUNTED,
+    "this card has no committed fla kernel pin: fla reads the pin of another card of the same compute "
+    "capability (choices timed on that card), merged into this card's user cache",
     __name__,
 )
 CONFIG_ROOT = Path(__file__).with_name("fla_configs")
+# The compute capability of each committed pin's card (a folder of CONFIG_ROOT): a card without a pin of
+# its own borrows one of its capability (`kernel_source`). tests/test_fla_pin.py keeps this and the folders equal.
+PIN_CAPABILITY: dict[str, tuple[int, int]] = {"NVIDIA_H200": (9, 0)}
 DUMP_ENV = "DORMOUSE_FLA_DUMP"
 UNPINNED_FILE = "unpinned.json"  # beside the dumped choices: merge_fla_pin.py skips it
 # fla's packages whose __init__ only re-exports: `fla` imports every layer and model (fla.layers,
@@ -47,6 +61,8 @@ SHELLED = ("fla", "fla.ops", "fla.modules")
 import_s = 0.0  # seconds this process spent importing fla (the warm start's largest part on the H200)
 # (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
 _counted: dict[tuple[str, str], tuple] = {}
+_stored: set[tuple[str, str]] = set()  # (kernel, key hash) this process added to the user cache
+_note: str | None = None  # pin_note's, once set
 
 
 def gpu_dir_name(device_name: str) -> str:
@@ -57,22 +73,106 @@ def gpu_dir_name(device_name: str) -> str:
     return out.strip("_") or "unknown_gpu"
 
 
-def _pin_environment() -> str:
-    """Point fla at the committed configs of this GPU, unless the user set fla's variables. Returns a
-    note for the run header. Must run before fla is imported: fla reads FLA_CACHE_MODE at import."""
-    if "FLA_CACHE_MODE" in os.environ or "FLA_CONFIG_DIR" in os.environ:
-        return f"fla kernel configs: FLA_CACHE_MODE={os.environ.get('FLA_CACHE_MODE', '-')} " + (
-            f"FLA_CONFIG_DIR={os.environ.get('FLA_CONFIG_DIR', '-')} (set by the user)"
+class KernelSource(NamedTuple):
+    """Where fla reads its kernel choices on this card (`kernel_source`), and where new ones are kept."""
+
+    rule: str  # user (FLA_* set by the user), none (no CUDA), pin, borrowed, cache, autotune
+    read: Path | None  # fla's FLA_CONFIG_DIR; None: left to the user, or nothing to read
+    store: Path | None  # the user cache: choices fla's lookup did not make are added here at exit
+    borrowed: Path | None  # rule borrowed: the other card's pin, merged into `store` before fla reads it
+    note: str  # one line for the run header
+
+
+def user_cache_dir(card: str, env) -> Path:
+    """This card's folder of kernel choices: $XDG_CACHE_HOME (absolute, else ~/.cache)/dormouse/kernels/<GPU>."""
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if Path(xdg).is_absolute() else Path(env.get("HOME") or Path.home()) / ".cache"
+    return base / "dormouse" / "kernels" / gpu_dir_name(card)
+
+
+def has_choices(folder: Path) -> bool:
+    return any(p.name != UNPINNED_FILE for p in folder.glob("*.json"))
+
+
+def nearest_pin(card: str, capability: tuple[int, int], pins: dict[str, tuple[int, int]]) -> str | None:
+    """The committed pin of the same compute capability whose card name shares the longest start with
+    `card`'s (an H100 PCIe takes an H100 SXM's pin before an H200's), ties by name; None: no such pin."""
+    name = gpu_dir_name(card)
+    same = [pin for pin, cc in pins.items() if tuple(cc) == tuple(capability)]
+    return min(same, key=lambda pin: (-len(os.path.commonprefix([pin, name])), pin), default=None)
+
+
+def kernel_source(
+    card: str | None,
+    capability: tuple[int, int] | None,
+    env,
+    pins: dict[str, tuple[int, int]] = PIN_CAPABILITY,
+    cached: Callable[[Path], bool] = has_choices,
+) -> KernelSource:
+    """Where fla's kernel choices come from on card `card` (torch's device name) of compute `capability`,
+    in order: FLA_CONFIG_DIR or FLA_CACHE_MODE set by the user in `env`; the committed pin of this card;
+    a committed pin of the same capability (`nearest_pin`), through the user cache; the user cache, if
+    it holds choices (`cached`); else the user cache, empty: Triton times every kernel once."""
+    if "FLA_CACHE_MODE" in env or "FLA_CONFIG_DIR" in env:
+        mode, folder = env.get("FLA_CACHE_MODE", "-"), env.get("FLA_CONFIG_DIR", "-")
+        return KernelSource(
+            "user",
+            None,
+            None,
+            None,
+            f"fla kernel configs: FLA_CACHE_MODE={mode} FLA_CONFIG_DIR={folder} (set by the user)",
         )
+    if card is None:
+        return KernelSource("none", None, None, None, "fla kernel configs: no CUDA device, none read")
+    name, cc = gpu_dir_name(card), ".".join(map(str, capability))
+    if name in pins:
+        pin = CONFIG_ROOT / name
+        return KernelSource("pin", pin, None, None, f"fla kernel configs: pinned from {pin} (FLA_CACHE_MODE=fuzzy)")
+    cache = user_cache_dir(card, env)
+    kin = nearest_pin(card, capability, pins)
+    if kin is not None:
+        note = (
+            f"fla kernel configs: no pin for {card}; borrowed from {kin} (same compute capability {cc}) through "
+            f"{cache}, which keeps this card's own choices [ledger: {BORROWED}]"
+        )
+        return KernelSource("borrowed", cache, cache, CONFIG_ROOT / kin, note)
+    if cached(cache):
+        note = (
+            f"fla kernel configs: this card's own, from {cache} (no committed pin for {card}, compute capability {cc})"
+        )
+        return KernelSource("cache", cache, cache, None, note)
+    note = (
+        f"fla kernel configs: none yet for {card} (compute capability {cc}), no committed pin and nothing in "
+        f"{cache}: Triton times each fla kernel on its first use, which may take minutes (5 to 10 for a "
+        f"first training step and eval); the choices are written to {cache} at exit, so later runs on this "
+        "card skip it (`dormouse tune` does this ahead of time)"
+    )
+    return KernelSource("autotune", cache, cache, None, note)
+
+
+def _apply(source: KernelSource, env, at_exit: Callable) -> str:
+    """Point fla at `source` through `env` (before fla's import: fla reads FLA_CACHE_MODE then) and keep
+    the choices it does not make in its user cache at exit; returns the header's note."""
+    if source.borrowed is not None:
+        merge_pin(source.borrowed, source.store)
+        ledger.count(BORROWED)
+    if source.read is not None:
+        # fuzzy: a shape the files have not seen takes the entry of the same kernel, dtypes and structure
+        # (fla.ops.utils.cache.AutotuneKey.keys_fuzzy_match), so new batch or sequence sizes stay pinned.
+        env["FLA_CONFIG_DIR"], env["FLA_CACHE_MODE"] = str(source.read), "fuzzy"
+    if source.store is not None:
+        at_exit(store_new_choices, source.store)
+    return source.note
+
+
+def _pin_environment() -> str:
+    """Choose and apply this card's kernel source (`kernel_source`); a note for the run header."""
     import torch
 
-    folder = CONFIG_ROOT / gpu_dir_name(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-    if folder is None or not folder.is_dir():
-        return f"fla kernel configs: no committed pin for this device ({folder}); Triton autotunes (counted)"
-    # fuzzy: a shape the pin has not seen takes the entry of the same kernel, dtypes and structure
-    # (fla.ops.utils.cache.AutotuneKey.keys_fuzzy_match), so new batch or sequence sizes stay pinned.
-    os.environ["FLA_CONFIG_DIR"], os.environ["FLA_CACHE_MODE"] = str(folder), "fuzzy"
-    return f"fla kernel configs: pinned from {folder} (FLA_CACHE_MODE=fuzzy)"
+    card = capability = None
+    if torch.cuda.is_available():
+        card, capability = torch.cuda.get_device_name(), torch.cuda.get_device_capability()
+    return _apply(kernel_source(card, capability, os.environ), os.environ, atexit.register)
 
 
 # fla routes some ops to other backends whenever their packages import (fla/backends.py, fla 0.6.0):
@@ -92,13 +192,18 @@ def _backend_environment() -> str:
     return "fla backends: " + ", ".join(notes)
 
 
-@functools.cache
 def pin_note() -> str:
-    note = f"{_pin_environment()}; {_backend_environment()}"
-    if os.environ.get(DUMP_ENV):  # the GPU session's way to refresh the pin: every choice made, at exit
-        atexit.register(dump_choices, Path(os.environ[DUMP_ENV]))
-        note += f"; {DUMP_ENV}: this process's choices will be written to {os.environ[DUMP_ENV]} at exit"
-    return note
+    """Set fla's kernel source and backends, once a process; the note for the run header. A module global,
+    not functools.cache: dynamo, inlining this under torch.compile, sees the note set and skips the body
+    (its atexit calls would break the graph)."""
+    global _note
+    if _note is None:
+        note = f"{_pin_environment()}; {_backend_environment()}"
+        if os.environ.get(DUMP_ENV):  # every choice made, at exit: how a pin is refreshed on a device
+            atexit.register(dump_choices, Path(os.environ[DUMP_ENV]))
+            note += f"; {DUMP_ENV}: this process's choices will be written to {os.environ[DUMP_ENV]} at exit"
+        _note = note
+    return _note
 
 
 @functools.cache
@@ -289,23 +394,87 @@ def _same_config(config, entry: dict) -> bool:
     )
 
 
-def count_unpinned() -> int:
-    """Count on the ledger, once each, the kernel choices of this process that the pin did not make:
-    fla's own lookup (fla.ops.utils.cache.load_cached_config, under the FLA_CACHE_MODE in force)
-    found no entry for the key, or found one the kernel rejected and Triton chose instead."""
-    new = 0
+def unpinned_choices():
+    """(kernel, key, config, the entry fla's lookup found or None) for each kernel choice of this process
+    that the files fla reads did not make: fla's own lookup (fla.ops.utils.cache.load_cached_config,
+    under the FLA_CACHE_MODE in force) found no entry for the key, or found one the kernel rejected and
+    Triton chose instead."""
     for kernel, tuner in _autotuners():
         from fla.ops.utils.cache import AutotuneKey, load_cached_config
 
         for key, config in list(tuner.cache.items()):
             pinned = load_cached_config(kernel, AutotuneKey(key))
-            if pinned is not None and _same_config(config, pinned):
-                continue
-            if (kernel, repr(key)) not in _counted:
-                _counted[kernel, repr(key)] = (key, config, pinned)
-                ledger.count(UNPINNED)
-                new += 1
+            if pinned is None or not _same_config(config, pinned):
+                yield kernel, key, config, pinned
+
+
+def count_unpinned() -> int:
+    """Count on the ledger, once each, the kernel choices of this process that the pin did not make
+    (`unpinned_choices`); returns how many were new."""
+    new = 0
+    for kernel, key, config, pinned in unpinned_choices():
+        if (kernel, repr(key)) not in _counted:
+            _counted[kernel, repr(key)] = (key, config, pinned)
+            ledger.count(UNPINNED)
+            new += 1
     return new
+
+
+def store_new_choices(folder: Path) -> dict[str, int]:
+    """Add this process's `unpinned_choices` to the fla-format files in `folder` (the card's user cache),
+    after the entries they hold; returns {file name: entries added}. At exit, and by `dormouse tune`."""
+    choices = list(unpinned_choices())  # empty where no fla kernel ran: then fla is not imported here
+    if not choices:
+        return {}
+    import triton
+    from fla.ops.utils.cache import AutotuneKey
+
+    new: dict[str, dict] = {}
+    for kernel, key, config, _ in choices:
+        digest = AutotuneKey.key_hash(key)
+        if (kernel, digest) not in _stored:  # fla caches the files it read: what this process added is not in them
+            entry = {"autotune_key": AutotuneKey.normalize_autotune_key(key), "config": config_entry(config)}
+            new.setdefault(kernel, {})[digest] = entry
+    for kernel, entries in new.items():
+        path = folder / f"{kernel}.json"
+        have = _read_json(path) or {"kernel_name": kernel, "autotune_entries": {}}
+        _write_json(
+            path,
+            {**have, "triton_version": triton.__version__, "autotune_entries": {**have["autotune_entries"], **entries}},
+        )
+        _stored.update((kernel, digest) for digest in entries)
+    return {f"{kernel}.json": len(entries) for kernel, entries in new.items()}
+
+
+def merge_pin(pin: Path, cache: Path) -> None:
+    """Put the entries of `pin`'s files into the same files of `cache`, before the card's own: fla's fuzzy
+    lookup takes the first entry whose key matches, so the pin keeps deciding the shapes it covers. On one
+    key the card's own entry wins (it was timed there: the pin's config was refused by the kernel)."""
+    for src in sorted(pin.glob("*.json")):
+        target = cache / src.name
+        pinned, own = _read_json(src), _read_json(target) or {"autotune_entries": {}}
+        entries = {**pinned["autotune_entries"], **own["autotune_entries"]}
+        if list(entries.items()) != list(own["autotune_entries"].items()):
+            _write_json(target, {**pinned, **own, "autotune_entries": entries})
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DormouseError(
+            f"{path} is not a file of fla kernel choices ({err}): delete it, and Triton times them again"
+        ) from err
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Whole or not at all: the ranks of one job write the same user cache at exit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(part, path)
 
 
 def config_entry(config) -> dict:

@@ -1,0 +1,200 @@
+"""Which fla kernel choices a card reads (fla_kernels.kernel_source), on the CPU with made-up card names:
+its own committed pin; else a pin of the same compute capability, through its user cache; else its user
+cache; else Triton times every kernel once and the user cache keeps the choices at exit."""
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dormouse import ledger
+from dormouse.model import fla_kernels
+from dormouse.model.fla_kernels import BORROWED, CONFIG_ROOT, kernel_source
+
+H200 = CONFIG_ROOT / "NVIDIA_H200"  # the committed pin the fake cards of capability 9.0 borrow
+PINS = {"NVIDIA_H200": (9, 0)}
+
+
+def entry(key: list, block: int) -> dict:
+    return {"autotune_key": key, "config": {"kwargs": {"BT": block}, "num_warps": 4, "num_stages": 2, "num_ctas": 1}}
+
+
+def written(key: list, block: int) -> dict:
+    """`entry` as store_new_choices writes it (fla_kernels.config_entry: a triton.Config's every field)."""
+    e = entry(key, block)
+    return {**e, "config": {**e["config"], "maxnreg": None, "ir_override": None}}
+
+
+def applied(source) -> tuple[dict, list, int]:
+    """(the environment fla would see, the exit hooks registered, fla.borrowed_pin's count) after `_apply`."""
+    env, hooks, before = {}, [], ledger.COUNTS[BORROWED]
+    fla_kernels._apply(source, env, lambda fn, *args: hooks.append((fn, args)))
+    return env, hooks, ledger.COUNTS[BORROWED] - before
+
+
+def test_every_committed_pin_has_its_cards_capability():
+    assert set(fla_kernels.PIN_CAPABILITY) == {p.name for p in CONFIG_ROOT.iterdir() if p.is_dir()}
+
+
+def test_a_card_with_its_own_pin_reads_it_and_keeps_nothing(tmp_path):
+    source = kernel_source("NVIDIA H200", (9, 0), {"HOME": str(tmp_path)}, PINS)
+    assert (source.rule, source.read, source.store) == ("pin", H200, None)
+    env, hooks, borrowed = applied(source)
+    assert env == {"FLA_CONFIG_DIR": str(H200), "FLA_CACHE_MODE": "fuzzy"} and hooks == [] and borrowed == 0
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_a_card_of_the_same_capability_borrows_the_pin_through_its_user_cache(tmp_path):
+    home = {"HOME": str(tmp_path)}
+    cache = tmp_path / ".cache/dormouse/kernels/Fake_GPU_X9"
+    # The cache holds this card's own choices from an earlier run: one where the pin's entry was refused
+    # and Triton timed another (same key), one the pin lacks.
+    kernel = "chunk_kda_bwd_kernel_wy_dqkg_fused"
+    pinned = json.loads((H200 / f"{kernel}.json").read_text())["autotune_entries"]
+    refused = next(iter(pinned))
+    own = {refused: entry(pinned[refused]["autotune_key"], 999), "own": entry([1, "own"], 16)}
+    cache.mkdir(parents=True)
+    (cache / f"{kernel}.json").write_text(json.dumps({"kernel_name": kernel, "autotune_entries": own}))
+
+    source = kernel_source("Fake GPU X9", (9, 0), home, {**PINS, "Fake_GPU_A": (8, 0)})
+    assert (source.rule, source.read, source.store, source.borrowed) == ("borrowed", cache, cache, H200)
+    assert "\n" not in source.note
+    assert f"no pin for Fake GPU X9; borrowed from NVIDIA_H200 (same compute capability 9.0) through {cache}" in (
+        source.note
+    )
+    env, hooks, borrowed = applied(source)
+    assert env == {"FLA_CONFIG_DIR": str(cache), "FLA_CACHE_MODE": "fuzzy"} and borrowed == 1
+    assert hooks == [(fla_kernels.store_new_choices, (cache,))]  # what this card times lands in its cache
+    assert sorted(p.name for p in cache.glob("*.json")) == sorted(p.name for p in H200.glob("*.json"))
+    merged = json.loads((cache / f"{kernel}.json").read_text())["autotune_entries"]
+    assert list(merged) == [*pinned, "own"]  # the pin's first, in its order: fla's fuzzy lookup takes the first
+    assert merged[refused]["config"]["kwargs"] == {"BT": 999}  # timed on this card: kept
+    other = "l2norm_fwd_kernel.json"
+    assert json.loads((cache / other).read_text()) == json.loads((H200 / other).read_text())
+    assert applied(source)[2] == 1  # a second process merges again: nothing changes, counted again
+    assert json.loads((cache / f"{kernel}.json").read_text())["autotune_entries"] == merged
+
+
+def test_the_nearest_pin_of_a_capability_shares_the_longest_name_start():
+    pins = {"NVIDIA_H200": (9, 0), "NVIDIA_H100_80GB_HBM3": (9, 0), "NVIDIA_A100_SXM4_80GB": (8, 0)}
+    assert fla_kernels.nearest_pin("NVIDIA H100 PCIe", (9, 0), pins) == "NVIDIA_H100_80GB_HBM3"
+    assert fla_kernels.nearest_pin("NVIDIA GH200 480GB", (9, 0), pins) == "NVIDIA_H100_80GB_HBM3"  # a tie: by name
+    assert fla_kernels.nearest_pin("NVIDIA A100-PCIE-40GB", (8, 0), pins) == "NVIDIA_A100_SXM4_80GB"
+    assert fla_kernels.nearest_pin("NVIDIA H200", (8, 9), pins) is None  # a name alone borrows nothing
+
+
+def test_another_capability_reads_its_user_cache_else_autotunes_once_into_it(tmp_path):
+    home = {"HOME": str(tmp_path)}
+    cache = tmp_path / ".cache/dormouse/kernels/Fake_GPU_Y8"
+    source = kernel_source("Fake GPU Y8", (8, 9), home, PINS)
+    assert (source.rule, source.read, source.store, source.borrowed) == ("autotune", cache, cache, None)
+    assert "\n" not in source.note and "Triton times each fla kernel on its first use, which may take minutes" in (
+        source.note
+    )
+    assert f"the choices are written to {cache} at exit" in source.note and "`dormouse tune`" in source.note
+    env, hooks, borrowed = applied(source)
+    assert env == {"FLA_CONFIG_DIR": str(cache), "FLA_CACHE_MODE": "fuzzy"} and borrowed == 0
+    assert hooks == [(fla_kernels.store_new_choices, (cache,))] and not cache.exists()
+
+    cache.mkdir(parents=True)
+    (cache / fla_kernels.UNPINNED_FILE).write_text("[]")  # a report, not a choice
+    assert kernel_source("Fake GPU Y8", (8, 9), home, PINS).rule == "autotune"
+    (cache / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": {"h": entry([1], 32)}}))
+    source = kernel_source("Fake GPU Y8", (8, 9), home, PINS)
+    assert (source.rule, source.read, source.store) == ("cache", cache, cache)
+    assert applied(source)[1] == [(fla_kernels.store_new_choices, (cache,))]
+
+
+def test_the_user_cache_is_under_xdg_cache_home_when_it_is_absolute(tmp_path):
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert kernel_source("Fake GPU Y8", (8, 9), env, PINS).store == tmp_path / "xdg/dormouse/kernels/Fake_GPU_Y8"
+    assert kernel_source("Fake GPU X9", (9, 0), env, PINS).store == tmp_path / "xdg/dormouse/kernels/Fake_GPU_X9"
+    env["XDG_CACHE_HOME"] = "relative/cache"  # the XDG spec: a relative path is ignored
+    assert (
+        kernel_source("Fake GPU Y8", (8, 9), env, PINS).store == tmp_path / "home/.cache/dormouse/kernels/Fake_GPU_Y8"
+    )
+
+
+@pytest.mark.parametrize("card", [("NVIDIA H200", (9, 0)), ("Fake GPU X9", (9, 0)), ("Fake GPU Y8", (8, 9))])
+@pytest.mark.parametrize("variable", ["FLA_CONFIG_DIR", "FLA_CACHE_MODE"])
+def test_flas_variables_set_by_the_user_win(tmp_path, card, variable):
+    user = {"HOME": str(tmp_path), variable: "strict" if variable == "FLA_CACHE_MODE" else "/mine"}
+    source = kernel_source(*card, user, PINS)
+    assert (source.rule, source.read, source.store) == ("user", None, None) and "(set by the user)" in source.note
+    env, hooks, borrowed = applied(source)
+    assert (env, hooks, borrowed) == ({}, [], 0) and not (tmp_path / ".cache").exists()
+
+
+def test_no_cuda_device_reads_and_keeps_nothing(tmp_path):
+    source = kernel_source(None, None, {"HOME": str(tmp_path)}, PINS)
+    assert source.rule == "none" and applied(source) == ({}, [], 0)
+
+
+def test_the_header_line_and_the_ledger_on_a_card_that_borrows(tmp_path, monkeypatch):
+    # Through pin_note, as the trainer's header calls it: torch says a fake card of capability 9.0.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU X9")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG", "FLA_FLASH_KDA", fla_kernels.DUMP_ENV):
+        monkeypatch.setenv(name, "")  # recorded, so that the undo removes what pin_note sets
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    hooks = []
+    monkeypatch.setattr(fla_kernels, "atexit", SimpleNamespace(register=lambda fn, *args: hooks.append((fn, args))))
+    monkeypatch.setattr(fla_kernels, "_note", None)
+    monkeypatch.setattr(ledger, "COUNTS", ledger.COUNTS.copy())
+    ledger.COUNTS.clear()
+
+    note = fla_kernels.pin_note()
+    cache = tmp_path / "dormouse/kernels/Fake_GPU_X9"
+    assert note.startswith("fla kernel configs: no pin for Fake GPU X9; borrowed from NVIDIA_H200 (same compute")
+    assert "\n" not in note and fla_kernels.pin_note() is note  # once a process
+    assert ledger.counted_summary() == "1(fla.borrowed_pin:1)"
+    assert hooks == [(fla_kernels.store_new_choices, (cache,))]
+    assert fla_kernels.os.environ["FLA_CONFIG_DIR"] == str(cache)
+
+
+def test_choices_the_files_did_not_make_are_appended_to_the_user_cache_once(tmp_path, monkeypatch):
+    """The exit hook on a borrowed pin: a kernel the pin covers (its config found) is not written again;
+    a key it lacks, timed by Triton, is added after the entries already there; a second call adds nothing."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": {"h64": entry([64], 32)}}))
+
+    class AutotuneKey(tuple):  # fla's: built from the autotuner's key tuple, hashed, listed
+        key_hash = staticmethod(lambda key: f"h{key[0]}")
+        normalize_autotune_key = staticmethod(list)
+
+    def lookup(kernel, key):  # fla's exact lookup in the folder it reads (read once a process, as fla does)
+        entries = json.loads((cache / f"{kernel}.json").read_text())["autotune_entries"] if kernel == "k" else {}
+        found = entries.get(AutotuneKey.key_hash(key))
+        return found and found["config"]
+
+    cached = {"k": json.loads((cache / "k.json").read_text())["autotune_entries"]}
+    monkeypatch.setitem(
+        sys.modules, "fla.ops.utils.cache", SimpleNamespace(AutotuneKey=AutotuneKey, load_cached_config=lookup)
+    )
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.6.0"))
+    config = lambda block: SimpleNamespace(kwargs={"BT": block}, num_warps=4, num_stages=2)  # noqa: E731
+    tuners = [
+        ("k", SimpleNamespace(cache={(64,): config(32), (128,): config(16)})),
+        ("j", SimpleNamespace(cache={(8,): config(8)})),
+    ]
+    monkeypatch.setattr(fla_kernels, "_autotuners", lambda: iter(tuners))
+    monkeypatch.setattr(fla_kernels, "_stored", set())
+
+    assert fla_kernels.store_new_choices(cache) == {"k.json": 1, "j.json": 1}
+    k = json.loads((cache / "k.json").read_text())
+    assert list(k["autotune_entries"]) == ["h64", "h128"] and k["triton_version"] == "3.6.0"
+    assert k["autotune_entries"]["h128"] == written([128], 16) and k["autotune_entries"]["h64"] == cached["k"]["h64"]
+    assert json.loads((cache / "j.json").read_text())["autotune_entries"] == {"h8": written([8], 8)}
+    assert fla_kernels.store_new_choices(cache) == {}  # fla still reads the files as they were: already added
+    assert sorted(p.name for p in cache.iterdir()) == ["j.json", "k.json"]  # no partial file left
+
+
+def test_a_damaged_user_cache_file_is_named(tmp_path):
+    (tmp_path / "l2norm_fwd_kernel.json").write_text("{")
+    with pytest.raises(fla_kernels.DormouseError, match="l2norm_fwd_kernel.json is not a file of fla kernel choices"):
+        fla_kernels.merge_pin(H200, tmp_path)
