@@ -541,6 +541,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ledger", help="print the fallback ledger (every site: LOUD or COUNTED)")
     p.add_argument("--markdown", action="store_true", help="print docs/fallbacks.md")
     p.set_defaults(func=_cmd_ledger)
+
+    from dormouse.tools import tune
+
+    p = sub.add_parser(
+        "tune",
+        help="choose fla's kernel configurations on this CUDA card ahead of a run: two training steps and an eval "
+        "of the config; the choices are kept in ~/.cache/dormouse/kernels/<card>/",
+    )
+    p.add_argument(
+        "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"
+    )
+    p.add_argument(
+        "--into",
+        metavar="DIR",
+        default=None,
+        help="read the choices of DIR and add the new ones there instead (an empty DIR: every kernel is timed "
+        "on this card; a card's pin is such a folder, committed under dormouse/model/fla_configs/)",
+    )
+    add_config_flags(p)
+    p.set_defaults(func=tune.cli)
     return parser
 
 

@@ -19,6 +19,7 @@ REQUIRED = {
     "bench": [],
     "replay": ["RUN"],
     "ab": ["--a", "", "--b", "--lr 0.01"],
+    "tune": [],
 }
 
 
