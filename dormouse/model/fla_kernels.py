@@ -63,6 +63,7 @@ import_s = 0.0  # seconds this process spent importing fla (the warm start's lar
 _counted: dict[tuple[str, str], tuple] = {}
 _stored: set[tuple[str, str]] = set()  # (kernel, key hash) this process added to the user cache
 _note: str | None = None  # pin_note's, once set
+_source = None  # the KernelSource pin_note applied
 
 
 def gpu_dir_name(device_name: str) -> str:
@@ -167,12 +168,20 @@ def _apply(source: KernelSource, env, at_exit: Callable) -> str:
 
 def _pin_environment() -> str:
     """Choose and apply this card's kernel source (`kernel_source`); a note for the run header."""
+    global _source
     import torch
 
     card = capability = None
     if torch.cuda.is_available():
         card, capability = torch.cuda.get_device_name(), torch.cuda.get_device_capability()
-    return _apply(kernel_source(card, capability, os.environ), os.environ, atexit.register)
+    _source = kernel_source(card, capability, os.environ)
+    return _apply(_source, os.environ, atexit.register)
+
+
+def applied_source() -> KernelSource:
+    """The kernel source this process applied (set by `pin_note`, which runs before fla's import)."""
+    pin_note()
+    return _source
 
 
 # fla routes some ops to other backends whenever their packages import (fla/backends.py, fla 0.6.0):
