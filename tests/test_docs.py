@@ -1,19 +1,24 @@
-"""Docs that match the code: every flag and config field named in README and docs/ exists, and every
-CLI flag is named in docs/glossary.md."""
+"""Docs that match the code: every flag, config field and file named in README and docs/ exists, every
+CLI flag is named in docs/glossary.md with each config field's default and group, the preset table is
+the presets' resolved sizes, and the fallback ledger in docs/reliability.md is the code's."""
 
 import argparse
 import re
 from dataclasses import fields
 from pathlib import Path
 
+from dormouse import config, ledger
 from dormouse.cli import build_parser
 from dormouse.config import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-# Flags of other programs that the docs quote (pip, pytest, git, torchrun).
-FOREIGN = {"--no-index", "--no-deps", "--target", "--durations", "--standalone", "--nproc-per-node"}
+# Flags of other programs that the docs quote (pip, pytest, git, torchrun), and argparse's own.
+FOREIGN = {"--no-index", "--no-deps", "--target", "--durations", "--standalone", "--nproc-per-node", "--help"}
+# A path in the repository: a top-level folder, then names (placeholders such as <GPU> are not paths).
+PATH = re.compile(r"(?<![\w./-])((?:dormouse|tests|configs|benches|evidence|docs)/[\w./-]*[\w/])")
+FIELD_ROW = re.compile(r"^\| `([a-z_0-9]+)` \| (.*?) \| (.*?) \|", re.M)
 
 
 def cli_flags() -> set[str]:
@@ -25,11 +30,30 @@ def cli_flags() -> set[str]:
     return {f for f in flags if f.startswith("--")} - {"--help"}
 
 
+def code_fields() -> dict[str, object]:
+    return {f.name: f for cls in SECTIONS.values() for f in fields(cls)}
+
+
+def shown(default) -> str:
+    """A default as the glossary writes it."""
+    if default is None:
+        return "auto"  # a tri-state field: the code decides from the device and the arms
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    return "''" if default == "" else str(default)
+
+
 def test_every_flag_named_in_docs_exists():
     known = cli_flags()
     for doc in DOCS:
         unknown = set(FLAG.findall(doc.read_text())) - known - FOREIGN
         assert not unknown, f"{doc.relative_to(ROOT)} names flags that do not exist: {sorted(unknown)}"
+
+
+def test_every_file_named_in_docs_exists():
+    for doc in DOCS:
+        for path in PATH.findall(doc.read_text()):
+            assert (ROOT / path).exists(), f"{doc.relative_to(ROOT)} names {path}, which does not exist"
 
 
 def test_every_cli_flag_is_in_the_glossary():
@@ -41,6 +65,36 @@ def test_every_cli_flag_is_in_the_glossary():
 def test_config_fields_in_glossary_are_exactly_the_code():
     text = (ROOT / "docs" / "glossary.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", text, re.M))
-    code = {f.name for cls in SECTIONS.values() for f in fields(cls)}
-    presets = {"nano", "small", "base"}
-    assert documented - presets == code, f"glossary vs code: {sorted((documented - presets) ^ code)}"
+    assert documented == set(code_fields()), f"glossary vs code: {sorted(documented ^ set(code_fields()))}"
+
+
+def test_glossary_defaults_and_groups_are_the_codes():
+    text = (ROOT / "docs" / "glossary.md").read_text()
+    code = code_fields()
+    group_of = {name: g for g, names in config.group_fields().items() for name in names}
+    for section in re.split(r"^### ", text, flags=re.M)[1:]:
+        heading = re.match(r"`\[([a-z]+)\]`", section)
+        assert heading, f"a glossary subsection is not a config group: {section.splitlines()[0]}"
+        for name, _flags, default in FIELD_ROW.findall(section):
+            assert default == shown(code[name].default), f"glossary: {name} defaults to {code[name].default!r}"
+            assert group_of[name] == heading.group(1), f"glossary: {name} is in [{group_of[name]}]"
+
+
+def test_preset_table_is_the_resolved_presets():
+    text = (ROOT / "docs" / "training.md").read_text()
+    rows = re.findall(
+        r"^\| `(\w+)`[^|]* \| (\d+) \| (\d+) × (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|", text, re.M
+    )
+    assert {r[0] for r in rows} == set(config.PRESETS), "docs/training.md's preset table misses a preset"
+    for name, *sizes in rows:
+        cfg = config.resolve_values(config.build(name), cuda_available=False)
+        m, t = cfg.model, cfg.train
+        want = [m.d_model, m.n_heads, m.head_dim, m.block_layers, m.depth, m.ffn_hidden, t.seq_len, t.batch_size]
+        assert [int(s) for s in sizes] == want, f"docs/training.md: preset {name} is {want}"
+
+
+def test_reliability_lists_the_ledger_as_the_code_has_it():
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    code_rows = [line for line in ledger.markdown().splitlines() if line.startswith("| `")]
+    doc_rows = [line for line in text.splitlines() if re.match(r"^\| `[a-z_]+\.[a-z_.]+` \|", line)]
+    assert doc_rows == code_rows, "docs/reliability.md's ledger table differs from `dormouse ledger --markdown`"
