@@ -78,6 +78,11 @@ def test_every_record_has_the_keys_and_the_folder_stays_small():
 
 
 def test_every_cited_record_exists():
+    for recipe in sorted((ROOT / "configs").rglob("*.toml")):
+        for name in CITE.findall(recipe.read_text()):
+            assert (EVIDENCE / name).is_file(), (
+                f"{recipe.relative_to(ROOT)} cites evidence/{name}, which does not exist"
+            )
     for doc, i, _, names in cited_lines():
         for name in names:
             assert (EVIDENCE / name).is_file(), f"{doc}:{i} cites evidence/{name}, which does not exist"
