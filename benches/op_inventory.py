@@ -23,8 +23,19 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import engram_gate, fla_kernels, fused_or_plain, kda, norm, projections, short_conv, swiglu
+from dormouse.model import (
+    dropout,
+    engram_gate,
+    fla_kernels,
+    fused_or_plain,
+    kda,
+    norm,
+    projections,
+    short_conv,
+    swiglu,
+)
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 
 
 class Inventory(TorchDispatchMode):
@@ -212,12 +223,12 @@ def fla_standins(mode: Inventory):
 def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = None, where: bool = False) -> Inventory:
     """The ops of one forward and backward of `preset` at [batch, seq_len] under bf16 autocast (CPU);
     `where`: each op's site too (Inventory)."""
-    cfg = config.resolve(config.build(preset, {"train": {"device": "cpu"}, **(overrides or {})}))
+    cfg = resolve(config.build(preset, {"train": {"device": "cpu"}, **(overrides or {})}))
     model = DormouseLM(cfg.model, seed=0)
     ids = torch.randint(256, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
     mode = Inventory(where)
     with fla_standins(mode), mode, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        out = model(ids[:, :-1], ids[:, 1:])
+        out = model(ids[:, :-1], ids[:, 1:], dropout_gen=dropout.step_generator(0, 0))  # the trainer's masks
         out.loss.backward()
     return mode
 

@@ -91,28 +91,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _history(args: argparse.Namespace) -> Path:
-    """The TSV `--record` appends to (`--history`, default benches/history.tsv); `--history` alone is refused."""
-    from dormouse.tools.bench import repo_root
-
+def _history(args: argparse.Namespace) -> Path | None:
+    """The TSV `--record` appends to: `--history`, or None for the run directory's own history.tsv;
+    `--history` alone is refused."""
     if args.history and not args.record:
         raise ConfigError("--history names the TSV --record appends to; add --record")
-    return Path(args.history) if args.history else repo_root() / "benches" / "history.tsv"
+    return Path(args.history) if args.history else None
 
 
 def _add_record_flags(p: argparse.ArgumentParser, row: str) -> None:
     """`--record` (append `row` to the history) and its `--history` (train, generate)."""
-    p.add_argument("--record", action="store_true", help=f"append {row} to benches/history.tsv (or --history)")
-    p.add_argument("--history", metavar="TSV", default=None, help="with --record: the TSV to append to")
+    p.add_argument("--record", action="store_true", help=f"append {row} to RUN/history.tsv (or --history)")
+    p.add_argument("--history", metavar="TSV", default=None, help="with --record: the TSV to append to instead")
 
 
-def _record_run(trainer, history: Path) -> None:
-    """`train --record`: the run as one history row (tools/train_row.py)."""
+def _record_run(trainer, history: Path | None) -> None:
+    """`train --record`: the run as one history row (tools/train_row.py), in the run directory by default."""
     import torch
 
     from dormouse.evaluation import eval_records
-    from dormouse.tools.bench import append_row, git_commit, repo_root
+    from dormouse.tools.bench.provenance import git_commit, repo_root
+    from dormouse.tools.bench.rows import RECORD_FILE, append_row
     from dormouse.tools.train_row import train_row
+
+    history = history or Path(trainer.run) / RECORD_FILE
 
     row = train_row(
         trainer.cfg,
@@ -224,8 +226,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if result.acceptance is not None:
         print(result.acceptance, file=sys.stderr)
     if args.record:
-        from dormouse.tools.bench import append_row, git_commit, repo_root
+        from dormouse.tools.bench.provenance import git_commit, repo_root
+        from dormouse.tools.bench.rows import RECORD_FILE, append_row
         from dormouse.tools.decode_row import decode_row
+
+        history = history or Path(args.run) / RECORD_FILE
 
         flags = {"--speculative": args.speculative, f"--gen-max-iter {args.gen_max_iter}": args.gen_max_iter}
         flags["--cuda-graph"] = args.cuda_graph
@@ -415,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="time the trainer's step (or a same-size baseline: --model, --baselines): one row per model in "
-        "benches/history.tsv, the full log in benches/logs/",
+        "a history TSV, the full log beside it",
     )
     p.add_argument(
         "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"
@@ -454,8 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
         "else skipped with the reason) in the same process: one row and one log each",
     )
     p.add_argument("--note", default="", metavar="TEXT", help="free text for the row's note column")
-    p.add_argument("--history", default=None, metavar="FILE", help="TSV to append to (default benches/history.tsv)")
-    p.add_argument("--log-dir", default=None, metavar="DIR", help="folder for the log (default benches/logs)")
+    p.add_argument("--history", default=None, metavar="FILE", help="TSV to append to (default runs/bench/history.tsv)")
+    p.add_argument("--log-dir", default=None, metavar="DIR", help="folder for the logs (default runs/bench/logs)")
     add_config_flags(p)
     p.set_defaults(func=_cmd_bench)
 
@@ -511,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--history",
         default=None,
         metavar="FILE",
-        help="bench rows the cost is priced from, and the TSV --record appends to (default benches/history.tsv)",
+        help="the TSV the cost is priced from and --record appends to (default: priced from the checkout's "
+        "evidence/history.tsv, recorded in OUT/history.tsv)",
     )
     p.add_argument(
         "--record",

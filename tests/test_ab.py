@@ -11,10 +11,12 @@ import torch
 from dormouse import config
 from dormouse.cli import main
 from dormouse.data.shards import load_corpus
+from dormouse.resolve import resolve
 from dormouse.tools import ab_merge
 from dormouse.tools.ab import price, report_lines
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
-from dormouse.tools.bench import ADDED_COLUMNS, COLUMNS, code_fingerprint
+from dormouse.tools.bench.provenance import code_fingerprint
+from dormouse.tools.bench.rows import ADDED_COLUMNS, COLUMNS, COMMITTED
 from dormouse.tools.history import measured_rows, read_history, setting
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
@@ -88,7 +90,7 @@ def test_one_seed_has_no_interval():
 def tiny_configs(**b_model) -> dict[str, config.Config]:
     model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 256, "engram_dim": 8}
     train = {"seq_len": 32, "batch_size": 4, "eval_every": 2, "eval_bytes": 64, "device": "cpu"}
-    build = lambda extra: config.resolve(config.build("nano", {"model": {**model, **extra}, "train": train}))  # noqa: E731
+    build = lambda extra: resolve(config.build("nano", {"model": {**model, **extra}, "train": train}))  # noqa: E731
     return {"a": build({}), "b": build(b_model)}
 
 
@@ -330,16 +332,18 @@ def test_record_and_eval_depths_append_one_priceable_row_per_arm(corpus_dir, tmp
 
 
 @pytest.mark.parametrize(
-    "b", ["--mor", "--no-engram", "--dspark-weight 0.1", "--jepa-weight 0.1", "--ema-decay 0.5", "--byte-noise 0.1"]
+    "b", ["--mor", "--engram", "--dspark-weight 0.1", "--jepa-weight 0.1", "--ema-decay 0.5", "--byte-noise 0.05"]
 )
 def test_the_arms_to_be_run_record_with_depths(b, corpus_dir, tmp_path):
-    history = tmp_path / "h.tsv"
+    # No --history: priced from the checkout's evidence/history.tsv, recorded in the comparison's folder.
     argv = ["ab", "--a", "", "--b", b, "--seeds", "1", "--steps", "2", "--data", str(corpus_dir), "--record"]
-    argv += ["--eval-depths", "--out", str(tmp_path / "o"), "--history", str(history), *TINY]
+    argv += ["--eval-depths", "--out", str(tmp_path / "o"), *TINY]
     argv += ["--batch-size", "2", "--eval-bytes", "0"]  # the run's last eval is its score: the full walk
+    committed = COMMITTED.read_bytes()
     assert main(argv) == 0
     result = json.loads((tmp_path / "o" / "ab.json").read_text())
-    rows = read_history(history)
+    assert f" {COMMITTED}" in result["cost"]["text"] and COMMITTED.read_bytes() == committed
+    rows = read_history(tmp_path / "o" / "history.tsv")
     assert [r["model"] for r in rows] == ["dormouse", "dormouse"] and rows[1]["note"].split(": ")[1].startswith(b)
     for arm, row in zip(("a", "b"), rows, strict=True):
         (run,) = result["runs"][arm]

@@ -10,11 +10,12 @@ import torch
 
 from dormouse import config, rng
 from dormouse.model.model import DormouseLM
+from dormouse.resolve import resolve
 
 
 def test_compiled_nano_matches_eager_forward_and_backward():
     cfg = config.build("nano", {"train": {"seq_len": 64}})
-    cfg = config.resolve(cfg, cuda_available=False)
+    cfg = resolve(cfg, cuda_available=False)
     eager = DormouseLM(cfg.model, seed=0)
     compiled_model = DormouseLM(cfg.model, seed=0)
     compiled = torch.compile(compiled_model, backend="aot_eager")

@@ -1,4 +1,5 @@
-"""benches/history.tsv as data: only rows of the very setting count as measurements."""
+"""History TSVs as data: only rows of the very setting count as measurements; the committed one's rows
+are complete and name only logs that exist; `--record` writes into the run directory unless told."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,8 @@ import pytest
 
 from dormouse import config
 from dormouse.cli import main
-from dormouse.tools.bench import COLUMNS
+from dormouse.resolve import resolve
+from dormouse.tools.bench.rows import COLUMNS, COMMITTED
 from dormouse.tools.history import measured_rows, read_history, setting
 from dormouse.tools.train_row import train_row
 
@@ -66,7 +68,8 @@ def test_no_file_and_no_match_are_no_rows(tmp_path):
 
 
 def test_train_record_appends_the_run_as_one_priceable_row(random_corpus, tmp_path, capsys):
-    history, run = tmp_path / "history.tsv", tmp_path / "run"
+    run = tmp_path / "run"
+    history = run / "history.tsv"  # no --history: the run directory's own
     tiny = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16", "--no-engram"]
     tiny += ["--seq-len", "32", "--batch-size", "4", "--device", "cpu", "--eval-bytes", "64", "--ema-decay", "0.9"]
     argv = [
@@ -81,7 +84,9 @@ def test_train_record_appends_the_run_as_one_priceable_row(random_corpus, tmp_pa
         "2",
         *tiny,
     ]
-    assert main([*argv, "--record", "--history", str(history)]) == 0
+    committed = COMMITTED.read_bytes()
+    assert main([*argv, "--record"]) == 0
+    assert COMMITTED.read_bytes() == committed
     evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
     (got,) = read_history(history)
     assert f"held-out {got['heldout_bpb']} bpb" in capsys.readouterr().out
@@ -118,7 +123,7 @@ def test_history_without_record_is_refused_before_anything_runs(command, tmp_pat
 
 
 def test_a_run_rows_timing_is_every_steps_median_with_the_first_step_apart():
-    cfg = config.resolve(config.build("nano", {"train": {"batch_size": 2, "seq_len": 64}}), cuda_available=False)
+    cfg = resolve(config.build("nano", {"train": {"batch_size": 2, "seq_len": 64}}), cuda_available=False)
     evals = [{"step": 2, "bpb": 3.5, "wall_s": 1.0}, {"step": 4, "bpb": 3.25, "wall_s": 2.04}]
     got = train_row(cfg, [100.0, 10.0, 20.0, 30.0], evals, run=Path("/r"), commit="abc", torch_version="2.13")
     # median of 100, 10, 20, 30 = 25 ms; 128 positions per step / 0.025 s = 5120 per s;
@@ -128,3 +133,13 @@ def test_a_run_rows_timing_is_every_steps_median_with_the_first_step_apart():
     assert (got["heldout_bpb"], got["seeds"], got["commit"]) == ("3.250000", "1", "abc")
     assert got["log"] == "/r/metrics.jsonl"
     assert got["note"] == "train /r: held-out bpb by step 2:3.5000 4:3.2500; wall 2.0 s since import"
+
+
+def test_every_committed_row_is_complete_and_names_a_log_that_exists_or_none():
+    header = COMMITTED.read_text(encoding="utf-8").splitlines()[0].split("\t")
+    rows = read_history(COMMITTED)
+    assert header == list(COLUMNS) and len(rows) >= 300
+    root = COMMITTED.parents[1]
+    for i, r in enumerate(rows, 2):  # line numbers of the file
+        assert None not in r and all(r[c] for c in COLUMNS), f"line {i}: a cell missing or empty"
+        assert r["log"] == "-" or (root / r["log"]).is_file(), f"line {i}: log {r['log']} does not exist"

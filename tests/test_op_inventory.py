@@ -29,8 +29,7 @@ def test_the_fused_paths_run_and_the_stand_ins_hide_fla_s_work():
     assert not ops & {"silu", "silu_backward"} and ("cat", f"[{B}, {T}, 768]", "bf16,bf16->bf16") not in found
     # The pre-norms hand their matmuls bf16, and a branch's output joins the fp32 stream inside the next
     # pre-norm (RMSNorm.add_and_norm: the mixer's in the FFN's, the FFN's in the next layer's mixer's, the
-    # last one's in the final norm, which writes the head's bf16): no [B, T, d] cast is left (3 per
-    # application before session 17; the re-injection's and the head's 2 until session 23).
+    # last one's in the final norm, which writes the head's bf16): no [B, T, d] cast is left.
     assert not any(op == "_to_copy" and shape == f"[{B}, {T}, 128]" for op, shape, _ in found)
     # No bf16 sum of the two branches, and the output gate's bias added inside its matmul (addmm), its
     # gradient a [1, B·T] x [B·T, 128] matmul in fp32 (projections.affine_of): no bf16 add is left, and
@@ -78,7 +77,7 @@ def test_where_names_each_op_s_site():
 
 
 def test_the_engram_gate_runs_fused_on_one_matmul_of_the_looked_up_rows():
-    found = rows()
+    found = rows(model={"engram": True})
     # The gate's two norms, their product and sum, the sigmoid and the scaling of v run in dormouse's
     # kernels (model/engram_gate.py): no sigmoid and no [B, T, 1] op is left anywhere.
     assert not {op for op, _, _ in found} & {"sigmoid", "sigmoid_backward"}
@@ -96,7 +95,7 @@ def test_the_engram_output_joins_the_stream_in_the_next_pre_norm():
     # bf16 backward, no fp32 add of it to the stream. The stream's [B, T, d] casts and adds are those of
     # the model without the memory (the hidden state's gradient from the gate joins the embedding's in
     # the add that the layer's plain pre-norm and residual needed without it).
-    with_memory, without = rows(), rows(model={"engram": False})
+    with_memory, without = rows(model={"engram": True}), rows(model={"engram": False})
     for op, dtypes in [
         ("_to_copy", "f32->bf16"),
         ("_to_copy", "bf16->f32"),

@@ -127,10 +127,10 @@ def test_cli_generate_record_appends_a_decode_row_with_the_reported_rate(tmp_pat
     run.mkdir()
     save_untrained_run(run, {"d_model": 32, "n_heads": 2, "engram_rows": 512, "dspark_weight": 0.5})
     argv = ["generate", str(run), "--ckpt", "last", "--prompt", "abc", "--max-bytes", "6", "--device", "cpu"]
-    for extra in ([], ["--speculative"]):
-        assert main([*argv, "--temperature", "0", *extra, "--record", "--history", str(history)]) == 0
+    assert main([*argv, "--temperature", "0", "--record"]) == 0  # no --history: the run directory's own
+    assert main([*argv, "--temperature", "0", "--speculative", "--record", "--history", str(history)]) == 0
     reported = re.findall(r"generated 6 bytes from .* in ([\d.]+) s \(([\d.]+) bytes/s\)", capsys.readouterr().err)
-    rows = read_history(history)
+    rows = read_history(run / "history.tsv") + read_history(history)
     assert len(rows) == 2 == len(reported)
     for row, (_, rate), options in zip(
         rows, reported, ("--temperature 0", "--speculative --temperature 0"), strict=True

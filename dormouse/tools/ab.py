@@ -17,11 +17,12 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
   arms then train exactly N steps, with the learning-rate schedule over N.
 - The score of a run is the held-out bpb of its final model on the full held-out walk; the paired
   difference B − A over seeds gets a 95% Student-t interval (tools/ab_stats.py).
-- Before anything trains, the cost is priced from benches/history.tsv rows of this device, preset,
-  shape, arms and parameter count (tools/history.py), or reported unknown.
+- Before anything trains, the cost is priced from history rows of this device, preset, shape, arms
+  and parameter count (tools/history.py; `--history`, default the checkout's evidence/history.tsv), or
+  reported unknown.
 - `--eval-depths` also scores each run's final model at every loop depth 1..depth (heldout_score's
-  `depth`, as `dormouse eval --depth all`); `--record` appends one row per arm to the history
-  (bench's append_row), a row pricing can use.
+  `depth`, as `dormouse eval --depth all`); `--record` appends one row per arm to `--history`, default
+  OUT/history.tsv (bench's append_row), a row pricing can use.
 - `--reuse-a DIR` takes arm A's runs from an earlier comparison instead of training them again, when
   they are this comparison's arm A: the same code (`code`: a hash of the package's sources and kernel
   pin, so a commit of logs in between does not matter), corpus, device, steps and resolved config, a run
@@ -45,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from dormouse.config import Config, add_config_flags, config_from_args
+from dormouse.config import Config
+from dormouse.config_flags import add_config_flags, config_from_args
 from dormouse.data.sampler import heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
@@ -53,16 +55,15 @@ from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
 from dormouse.tools.ab_stats import paired_difference
 from dormouse.tools.ab_table import table
-from dormouse.tools.bench import (
-    _cell,
-    _shown_path,
+from dormouse.tools.bench.device import device_name, fla_version
+from dormouse.tools.bench.provenance import code_fingerprint, git_commit, repo_root
+from dormouse.tools.bench.rows import (
+    COMMITTED,
+    RECORD_FILE,
     append_row,
-    code_fingerprint,
-    device_name,
-    fla_version,
-    git_commit,
+    cell,
     history_header,
-    repo_root,
+    shown_path,
     timing_columns,
 )
 from dormouse.tools.history import measured_rows, read_history, setting
@@ -397,7 +398,7 @@ def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: date
         t = cfg.train
         flags = result["arms"][arm]["flags"]
         note = (
-            f"ab {_shown_path(out)} arm {arm.upper()}: {flags if flags.strip() else '(the shared config)'}; "
+            f"ab {shown_path(out)} arm {arm.upper()}: {flags if flags.strip() else '(the shared config)'}; "
             f"{steps} steps per run; Δ(B−A) = {overall['diff_mean']:+.4f} {interval} {overall['verdict']}"
         )
         if "bpb_by_depth" in overall:
@@ -414,7 +415,7 @@ def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: date
             "peak_mem_gib": "-",
             "torch": result["torch"],
             "fla": fla_version(),
-            "log": _shown_path(out / "ab.json"),
+            "log": shown_path(out / "ab.json"),
             "note": note,
             "peak_source": "-",
             "mem_source": "-",
@@ -423,7 +424,7 @@ def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: date
             "heldout_bpb": f"{overall[f'{arm}_bpb_mean']:.6f}",
             "seeds": str(len(runs)),
         }
-        rows.append({k: _cell(v) for k, v in row.items()})
+        rows.append({k: cell(v) for k, v in row.items()})
     return rows
 
 
@@ -487,9 +488,10 @@ def compare(args: argparse.Namespace) -> dict:
 
     cfgs = arm_configs(args)
     out = args.out
-    history = Path(args.history) if args.history else repo_root() / "benches" / "history.tsv"
+    history = Path(args.history) if args.history else COMMITTED  # the rows the cost is priced from
+    record_to = Path(args.history) if args.history else out / RECORD_FILE
     if args.record:
-        history_header(history)  # a header the rows cannot go under is refused now, not after the runs
+        history_header(record_to)  # a header the rows cannot go under is refused now, not after the runs
     commit = git_commit(repo_root())  # the code that trains, before hours in which the tree may change
     code = code_fingerprint()
     started = datetime.datetime.now(datetime.UTC)
@@ -561,7 +563,7 @@ def compare(args: argparse.Namespace) -> dict:
         "pricing_run": pricing,
         "order": order,
         "cost": cost,
-        "reused_a": None if reused is None else _shown_path(reused[0]),
+        "reused_a": None if reused is None else shown_path(reused[0]),
         "arms": {
             arm: {"flags": getattr(args, arm), "config": for_round(cfgs[arm], first_seed, steps).to_dict()}
             for arm in ARMS
@@ -579,6 +581,6 @@ def compare(args: argparse.Namespace) -> dict:
         rows = dict(zip(ARMS, history_rows(result, cfgs, out, started), strict=True))
         recorded = ARMS[1:] if reused is not None else ARMS
         for arm in recorded:
-            append_row(history, rows[arm])
-        print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {history}")
+            append_row(record_to, rows[arm])
+        print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {record_to}")
     return result

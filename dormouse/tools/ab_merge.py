@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dormouse.errors import ConfigError
 from dormouse.tools.ab import ARMS, _differences, depth_means, report_lines, summarise
-from dormouse.tools.bench import _shown_path
+from dormouse.tools.bench.rows import shown_path
 
 SAME = ("code", "fingerprint", "device", "steps", "preset")
 
@@ -62,7 +62,7 @@ def merge(results: list[tuple[Path, dict]]) -> dict:
         "runs": runs,
         "per_seed": per_seed,
         "overall": overall,
-        "merged_from": [_shown_path(path) for path, _ in results],
+        "merged_from": [shown_path(path) for path, _ in results],
     }
 
 

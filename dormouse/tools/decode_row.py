@@ -1,4 +1,4 @@
-"""`dormouse generate --record`: one benches/history.tsv row for a generation, so decode speed (plain,
+"""`dormouse generate --record`: one history row for a generation, so decode speed (plain,
 --speculative, --gen-max-iter, --exit-threshold) is recorded as bench rows are.
 
 The row's `model` is `dormouse-decode` (never a training step's price: tools/history.py matches
@@ -17,7 +17,8 @@ import torch
 
 from dormouse.config import Config
 from dormouse.decode.generate import Generation
-from dormouse.tools.bench import COLUMNS, arms, device_name, fla_version
+from dormouse.tools.bench.device import device_name, fla_version
+from dormouse.tools.bench.rows import COLUMNS, arms
 
 
 def decode_row(

@@ -1,5 +1,6 @@
-"""benches/history.tsv as data: the rows `dormouse bench` (and `dormouse ab --record`) appended, and those
-that measured one setting.
+"""A history TSV as data: the rows `dormouse bench` (and `dormouse ab --record`) appended, and those
+that measured one setting. The checkout's own measured rows are rows.COMMITTED (evidence/history.tsv):
+`dormouse ab` prices from it unless told another file; nothing writes there unless told to.
 
 A row measures a setting only when its device (torch's name, the CPU thread count included), preset,
 batch, seq_len, dtype, arms and parameter count are the setting's, it timed dormouse itself,
@@ -20,7 +21,8 @@ import torch
 
 from dormouse.config import Config
 from dormouse.model.model import DormouseLM
-from dormouse.tools.bench import arms, device_name
+from dormouse.tools.bench.device import device_name
+from dormouse.tools.bench.rows import arms
 
 MATCHED = ("device", "preset", "batch", "seq_len", "dtype", "arms", "params")
 

@@ -2,7 +2,7 @@
 
 Inputs are what KDALayer hands the op: q, k L2-normalised, g fp32 ≤ 0, beta in (0, 1), an fp32
 initial state, plus cotangents for the output and the final state; every draw from the `test` stream.
-The gate (benches/kda_gpu_gate.py, tests/gpu/) and the bench share them, so a timed call is the
+The GPU gate (tests/gpu/kda_fla_gate.py) and the bench share them, so a timed call is the
 checked call.
 """
 

@@ -128,7 +128,7 @@ def recorded_ce(run: Path, step: int) -> float | None:
 
 def cli(args: argparse.Namespace) -> int:
     """`dormouse replay [RUN] [--step N] [--data DIR] [config flags]`: print the verdict, 0 identical / 1 differs."""
-    from dormouse.config import config_from_args
+    from dormouse.config_flags import config_from_args
 
     given = _config_flags_given(args)
     if args.run is not None:

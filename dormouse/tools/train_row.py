@@ -1,4 +1,4 @@
-"""`dormouse train --record`: one benches/history.tsv row for a whole training run, so a run's held-out
+"""`dormouse train --record`: one history row for a whole training run, so a run's held-out
 number (a recipe's, say) is a row as the A/B arms' are, not only a line in its log.
 
 The row is an `ab --record` row of one run (docs/ab-protocol.md, Recording): `model` dormouse, the
@@ -13,7 +13,8 @@ import datetime
 from pathlib import Path
 
 from dormouse.config import Config
-from dormouse.tools.bench import COLUMNS, _cell, _shown_path, fla_version, timing_columns
+from dormouse.tools.bench.device import fla_version
+from dormouse.tools.bench.rows import COLUMNS, cell, shown_path, timing_columns
 from dormouse.tools.history import setting
 
 
@@ -25,7 +26,7 @@ def train_row(cfg: Config, step_ms: list[float], evals: list[dict], *, run: Path
     t, last = cfg.train, evals[-1]
     curve = " ".join(f"{e['step']}:{e['bpb']:.4f}" for e in evals)
     weights = f" ({last['weights']} weights)" if "weights" in last else ""
-    note = f"train {_shown_path(run)}: held-out bpb{weights} by step {curve}; wall {last['wall_s']:.1f} s since import"
+    note = f"train {shown_path(run)}: held-out bpb{weights} by step {curve}; wall {last['wall_s']:.1f} s since import"
     row = dict.fromkeys(COLUMNS, "-")
     row.update(
         {
@@ -37,10 +38,10 @@ def train_row(cfg: Config, step_ms: list[float], evals: list[dict], *, run: Path
             **timing_columns([ms / 1000 for ms in step_ms], 0, t.batch_size * t.seq_len, None, None),
             "torch": torch_version,
             "fla": fla_version(),
-            "log": _shown_path(run / "metrics.jsonl"),
+            "log": shown_path(run / "metrics.jsonl"),
             "note": note,
             "heldout_bpb": f"{last['bpb']:.6f}",
             "seeds": "1",
         }
     )
-    return {k: _cell(v) for k, v in row.items()}
+    return {k: cell(v) for k, v in row.items()}

@@ -31,7 +31,7 @@ from dormouse.model.kda import KDALayer  # noqa: E402
 from dormouse.model.kda_fla import chunk_kda_sunk  # noqa: E402
 
 GATE = Path(__file__).resolve().parent / "kda_fla_gate.py"
-_spec = importlib.util.spec_from_file_location("kda_gpu_gate", GATE)
+_spec = importlib.util.spec_from_file_location("kda_fla_gate", GATE)
 gate = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gate)
 
