@@ -364,7 +364,7 @@ def test_reuse_a_holds_the_code_equal_not_the_commit(corpus_dir, tmp_path, capsy
     saved = tmp_path / "one" / "ab.json"
     result = json.loads(saved.read_text())
     assert result["code"] == code_fingerprint() and len(result["code"]) == 12
-    saved.write_text(json.dumps({**result, "commit": "0123abc"}))  # logs committed between two device calls
+    saved.write_text(json.dumps({**result, "commit": "0123abc"}))  # docs committed between two comparisons
     argv = ("--a", "", "--b", "--no-short-conv", "--seeds", "1", "--steps", "2", "--reuse-a", str(tmp_path / "one"))
     assert run_ab(corpus_dir, tmp_path, "two", *argv)["runs"]["a"] == result["runs"]["a"]
     kept = tmp_path / "kept-ab.json"  # the file itself, copied out of its comparison's folder

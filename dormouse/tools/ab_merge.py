@@ -1,9 +1,9 @@
 """One comparison from several `dormouse ab` runs of the same two arms with different seeds.
 
-    python -m dormouse.tools.ab_merge --out DIR call1/ab.json call2/ab.json ...
+    python -m dormouse.tools.ab_merge --out DIR job1/ab.json job2/ab.json ...
 
-A device call is limited in time, so a three-seed A/B at a long budget runs as one seed round per
-call (`dormouse ab --seeds 1 --seed N`). This puts the rounds back together: the paired difference,
+A job on a GPU machine is often limited in time, so a three-seed A/B at a long budget can run as one
+seed round per job (`dormouse ab --seeds 1 --seed N`). This puts the rounds back together: the paired difference,
 its interval and verdict are computed over every seed (tools/ab_stats.py, as `dormouse ab` does), and
 DIR gets ab.json and ab.png. Refused unless every input is the same comparison: the same code (ab.json's
 `code`, not the commit), corpus, device, steps and both arms' configs apart from the seed, with no seed

@@ -1,8 +1,8 @@
 """`dormouse replay`: run one training step in two fresh processes and compare the results bitwise.
 
-The cheapest loud detector of a non-deterministic training stack. The predecessor's autotuner picked
-between kernels that disagree numerically by a timing race, differently in every process, and the
-corrupted runs looked like slow arms; a step replayed twice from the same state shows it at once.
+The cheapest loud detector of a non-deterministic training stack. An autotuner that picks between
+kernels that disagree numerically by a timing race picks differently in every process, and the
+corrupted runs look like slow arms; a step replayed twice from the same state shows it at once.
 
 The state at step N is checkpoint `step-N` of a run (`checkpoint.step_dir_name(N)`): the weights and
 optimizer state after N updates, which train batch N next. Each of two fresh processes

@@ -41,8 +41,8 @@ def code_fingerprint() -> str:
     """sha256 (12 hex) of the dormouse package's sources and committed kernel pin: what computes a run.
 
     Two runs with one fingerprint ran the same code whatever the commit says (a commit that only adds
-    logs or docs keeps it; a pin entry merged from a device call changes it), so `dormouse ab` compares
-    this, not the commit, before reusing or merging runs made in other device calls."""
+    logs or docs keeps it; a kernel pin entry merged in changes it), so `dormouse ab` compares this, not
+    the commit, before reusing or merging runs made in other jobs or checkouts."""
     package = PACKAGE
     digest = hashlib.sha256()
     for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
