@@ -1,7 +1,6 @@
 """`dormouse tune` on the CPU: refused in one line without CUDA; with a stand-in card and trainer, it runs
 two training steps and an eval of the config and writes the new kernel choices where the card's rule says."""
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -57,16 +56,18 @@ def test_tune_runs_the_configs_steps_and_eval_and_writes_to_the_cards_cache(fake
     cache = tmp_path / "dormouse/kernels/Fake_GPU_Y8"
     source = fla_kernels.KernelSource("autotune", cache, cache, None, "note")
     monkeypatch.setattr(fla_kernels, "applied_source", lambda: source)
-    stored = []
-    monkeypatch.setattr(fla_kernels, "store_new_choices", lambda folder: stored.append(folder) or {"k.json": 3})
+    found = iter([{"k.json": 3}, {"k.json": 1, "j.json": 2}])  # after the steps, after the eval
+    monkeypatch.setattr(
+        fla_kernels, "store_new_choices", lambda folder: fake_card.append(("store", folder)) or next(found)
+    )
 
     argv = ["tune", "--preset", "nano", "--batch-size", "6", "--seq-len", "64", *TORCH_KERNELS]
     assert main(argv) == 0
-    assert fake_card == [("trainer", 6, 64, "cuda"), ("step", 0), ("step", 1), ("eval",)]
-    assert stored == [cache]
+    steps = [("step", 0), ("step", 1)]
+    assert fake_card == [("trainer", 6, 64, "cuda"), *steps, ("store", cache), ("eval",), ("store", cache)]
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("tune: Fake GPU Y8 (compute capability 8.9), nano at batch 6 x 64 bytes: 2 training")
-    assert out[1] == f"tune: 3 new kernel choices (1 kernels) written to {cache}"
+    assert out[1] == f"tune: 6 new kernel choices (2 kernels) written to {cache}"
 
 
 def test_tune_into_a_folder_reads_it_and_refuses_the_users_fla_variables(fake_card, capsys, monkeypatch, tmp_path):
@@ -75,17 +76,22 @@ def test_tune_into_a_folder_reads_it_and_refuses_the_users_fla_variables(fake_ca
         monkeypatch.delenv(name)
     user = SimpleNamespace(store=None, note="set by the user")
     monkeypatch.setattr(fla_kernels, "applied_source", lambda: user)
-    stored = []
-    monkeypatch.setattr(fla_kernels, "store_new_choices", lambda folder: stored.append(folder) or {})
+    monkeypatch.setattr(fla_kernels, "store_new_choices", lambda folder: fake_card.append(("store", folder)) or {})
     pin = tmp_path / "pin"
     assert main(["tune", "--preset", "nano", "--into", str(pin), *TORCH_KERNELS]) == 0
     assert fla_kernels.os.environ["FLA_CONFIG_DIR"] == str(pin) and fla_kernels.os.environ["FLA_CACHE_MODE"] == "fuzzy"
-    assert stored == [Path(str(pin))]
-    assert (
-        capsys.readouterr().out.splitlines()[-1]
-        == f"tune: every kernel choice was already in {pin}: nothing new to write"
-    )
-    assert (
-        main(["tune", "--preset", "nano", "--into", str(pin), *TORCH_KERNELS]) == 2
-    )  # FLA_CONFIG_DIR is set now: refused
+    assert [what for what in fake_card if what[0] == "store"] == [("store", pin)] * 2
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"tune: every kernel choice was already in {pin}: nothing new to write"
+    assert main(["tune", "--preset", "nano", "--into", str(pin), *TORCH_KERNELS]) == 2  # FLA_CONFIG_DIR is set now
     assert "unset yours, or drop --into" in capsys.readouterr().err
+
+
+def test_tune_on_a_card_with_its_own_pin_writes_nothing(fake_card, capsys, monkeypatch):
+    pin = fla_kernels.KernelSource("pin", fla_kernels.CONFIG_ROOT / "Fake_GPU_Y8", None, None, "pinned from X")
+    monkeypatch.setattr(fla_kernels, "applied_source", lambda: pin)
+    monkeypatch.setattr(fla_kernels, "unpinned_choices", lambda: iter([("k", (1,), None, None)]))
+    assert main(["tune", "--preset", "nano", *TORCH_KERNELS]) == 0
+    assert [what[0] for what in fake_card] == ["trainer", "step", "step", "eval"]
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == "tune: nothing written (pinned from X); 1 kernel choices were not in those files"

@@ -39,22 +39,29 @@ def cli(args) -> int:
     corpus, note = open_corpus(args.data)
     with tempfile.TemporaryDirectory(prefix="dormouse-tune-") as tmp:
         trainer = Trainer(cfg, corpus, Path(tmp) / "run", corpus_note=note)
+        source = fla_kernels.applied_source()  # set by the trainer's header, before fla's import
+        folder = Path(args.into) if args.into is not None else source.store
+        added: dict[str, int] = {}
+
+        def keep() -> None:  # after each phase: a run stopped in the eval keeps the steps' choices
+            if folder is not None:
+                for name, n in fla_kernels.store_new_choices(folder).items():
+                    added[name] = added.get(name, 0) + n
+
         for step in range(STEPS):
             trainer.train_step(step)
+        keep()
         trainer.evaluate([], [])
+        keep()
     took = time.monotonic() - dormouse.IMPORTED
     cc = ".".join(map(str, torch.cuda.get_device_capability()))
     shapes = f"{cfg.preset} at batch {t.batch_size} x {t.seq_len} bytes"
     card = f"{torch.cuda.get_device_name()} (compute capability {cc})"
     print(f"tune: {card}, {shapes}: {STEPS} training steps and an eval, {took:.1f} s from the command's start")
-    source = fla_kernels.applied_source()
-    folder = Path(args.into) if args.into is not None else source.store
     if folder is None:  # the card's committed pin (or the user's FLA_* variables) decides; nothing is kept
         unpinned = len(list(fla_kernels.unpinned_choices()))
         print(f"tune: nothing written ({source.note}); {unpinned} kernel choices were not in those files")
-        return 0
-    added = fla_kernels.store_new_choices(folder)
-    if added:
+    elif added:
         print(f"tune: {sum(added.values())} new kernel choices ({len(added)} kernels) written to {folder}")
     else:
         print(f"tune: every kernel choice was already in {folder}: nothing new to write")
