@@ -13,7 +13,8 @@ from dormouse.cli import main
 from dormouse.data.shards import load_corpus
 from dormouse.resolve import resolve
 from dormouse.tools import ab_merge
-from dormouse.tools.ab import price, report_lines
+from dormouse.tools.ab_price import price
+from dormouse.tools.ab_report import report_lines
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
 from dormouse.tools.bench.provenance import code_fingerprint
 from dormouse.tools.bench.rows import ADDED_COLUMNS, COLUMNS, COMMITTED

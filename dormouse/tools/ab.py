@@ -36,11 +36,9 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import shlex
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,25 +46,22 @@ import torch
 
 from dormouse.config import Config
 from dormouse.config_flags import add_config_flags, config_from_args
-from dormouse.data.sampler import heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
-from dormouse.tools.ab_stats import paired_difference
+from dormouse.tools.ab_price import PRICE_STEPS, PRICE_WARMUP, measure_ms_per_step, price
+from dormouse.tools.ab_report import depth_means, history_rows, report_lines, summarise
 from dormouse.tools.ab_table import table
-from dormouse.tools.bench.device import device_name, fla_version
+from dormouse.tools.bench.device import device_name
 from dormouse.tools.bench.provenance import code_fingerprint, git_commit, repo_root
 from dormouse.tools.bench.rows import (
     COMMITTED,
     RECORD_FILE,
     append_row,
-    cell,
     history_header,
     shown_path,
-    timing_columns,
 )
-from dormouse.tools.history import measured_rows, read_history, setting
 from dormouse.train.trainer import Trainer
 
 ARMS = ("a", "b")
@@ -81,8 +76,6 @@ SHARED = {
     "train.ckpt_every": "checkpointing changes no number: an arm differing only there compares a config with itself",
     "train.keep_last": "checkpointing changes no number: an arm differing only there compares a config with itself",
 }
-PRICE_WARMUP, PRICE_STEPS = 1, 5  # the --minutes pricing run: untimed first step (cold start), then timed steps
-FORWARD_SHARE = 1 / 3  # an eval forward ≈ a third of a training step (backward ≈ 2 forwards, bench's 6 = 2·(1+2))
 
 
 # ---- the arms --------------------------------------------------------------------------------------------------
@@ -204,78 +197,6 @@ def for_round(cfg: Config, seed: int, steps: int) -> Config:
     return Config(model=dataclasses.replace(cfg.model), train=train, preset=cfg.preset)
 
 
-# ---- timing and pricing ----------------------------------------------------------------------------------------
-
-
-def measure_ms_per_step(cfg: Config, corpus: Corpus, note: str) -> float:
-    """The median of PRICE_STEPS timed steps after PRICE_WARMUP untimed ones, in a temporary run."""
-    with tempfile.TemporaryDirectory(prefix="dormouse-ab-price-") as tmp:
-        trainer = Trainer(cfg, corpus, Path(tmp) / "run", corpus_note=note)
-        step_ms = []
-        for step in range(PRICE_WARMUP + PRICE_STEPS):  # run_loop's clock: train_step ends in .item(), synced
-            started = time.perf_counter()
-            trainer.train_step(step)
-            step_ms.append((time.perf_counter() - started) * 1000)
-    return statistics.median(step_ms[PRICE_WARMUP:])
-
-
-def eval_batches(cfg: Config, corpus: Corpus, steps: int) -> int:
-    """Forward batches one run evaluates: an eval every eval_every steps and at the end, then the full walk."""
-    t = cfg.train
-
-    def walk(max_bytes: int | None) -> int:
-        return sum(1 for _ in heldout_windows(corpus, t.seq_len, t.batch_size, max_bytes))
-
-    per_eval = walk(t.eval_bytes or None)
-    return math.ceil(steps / t.eval_every) * per_eval + (walk(None) if t.eval_bytes else 0)
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.2f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
-
-
-def price(
-    history: Path, cfgs: dict[str, Config], corpus: Corpus, *, steps: int | None, minutes: float, seeds: int
-) -> dict:
-    """The experiment's cost from measured history rows of each arm's own setting, or why it is unknown."""
-    rows = read_history(history)
-    found = {}
-    for arm, cfg in cfgs.items():
-        wanted = setting(cfg)
-        matches = measured_rows(rows, wanted)
-        if not matches:
-            shape = (
-                f"batch {wanted['batch']}, seq_len {wanted['seq_len']}, {wanted['dtype']}, arms {wanted['arms']}, "
-                f"{wanted['params']} parameters"
-            )
-            text = (
-                f"cost unknown: no bench row for {wanted['device']} {wanted['preset']} ({shape}; arm "
-                f"{arm.upper()}) in {history}; `dormouse bench` with that arm's flags measures one"
-            )
-            if minutes:
-                text += f". The training budget alone is {_duration(minutes * 60 * len(ARMS) * seeds)}"
-            return {"known": False, "text": text}
-        found[arm] = matches[-1]  # the newest
-    ms = {arm: float(row["ms_per_step"]) for arm, row in found.items()}
-    n = steps if steps is not None else max(1, int(minutes * 60_000 // max(ms.values())))
-    train_s = sum(ms.values()) * n * seeds / 1000
-    forwards = {arm: eval_batches(cfg, corpus, n) for arm, cfg in cfgs.items()}
-    eval_s = sum(ms[arm] * FORWARD_SHARE * forwards[arm] for arm in ARMS) * seeds / 1000
-    used = "; ".join(
-        f"{arm.upper()} {ms[arm]:.4g} ms/step (row {row['date']} {row['commit']}, {row['log']})"
-        for arm, row in found.items()
-    )
-    steps_text = f"{n} steps" if steps is not None else f"~{n} steps (what the slower arm fits in {minutes:g} min)"
-    text = (
-        f"cost from {history}: {used}. Training: {len(ARMS)} arms x {seeds} seeds x {steps_text} = "
-        f"{_duration(train_s)}; evals ≈ {_duration(eval_s)} (estimate: a forward ≈ 1/3 of a step, "
-        f"{forwards['a']}/{forwards['b']} eval batches per A/B run); total ≈ {_duration(train_s + eval_s)}"
-    )
-    return {"known": True, "text": text, "rows": found, "steps": n, "train_s": train_s, "eval_s": eval_s}
-
-
 # ---- the runs --------------------------------------------------------------------------------------------------
 
 
@@ -330,131 +251,6 @@ def full_heldout(trainer: Trainer, corpus: Corpus, depth: int | None = None):
         )
 
 
-def depth_means(runs: list[dict]) -> dict[str, float]:
-    """{"d": mean over the arm's seeds of bpb_by_depth[d]}."""
-    return {d: statistics.fmean(r["bpb_by_depth"][d] for r in runs) for d in runs[0]["bpb_by_depth"]}
-
-
-def _lowest_text(row: dict) -> str:
-    """'; lowest eval A 2.0944@1500, B …' (comparisons written before it was kept: nothing)."""
-    if "a_lowest" not in row:
-        return ""
-    (a_step, a_bpb), (b_step, b_bpb) = row["a_lowest"], row["b_lowest"]
-    return f"; lowest eval A {a_bpb:.4f}@{a_step}, B {b_bpb:.4f}@{b_step}"
-
-
-def _depth_text(means: dict[str, float]) -> str:
-    return " ".join(f"{d}:{bpb:.4f}" for d, bpb in means.items())
-
-
-def lowest_eval(curve: list[list]) -> list:
-    """[step, bpb] of a run's lowest eval: where an overfitting run was best. Reported beside the score,
-    never the score (the protocol scores the final model: choosing the step by the curve would be a
-    choice made on the held-out data)."""
-    return list(min(curve, key=lambda point: point[1]))
-
-
-def summarise(runs: dict[str, list[dict]]) -> tuple[list[dict], dict]:
-    """Per-seed rows and the overall comparison from each arm's runs (in seed order)."""
-    per_seed = [
-        {
-            "seed": a["seed"],
-            "a_bpb": a["bpb"],
-            "b_bpb": b["bpb"],
-            "diff": b["bpb"] - a["bpb"],
-            "a_ms_per_step": a["ms_per_step"],
-            "b_ms_per_step": b["ms_per_step"],
-            "a_lowest": lowest_eval(a["curve"]),
-            "b_lowest": lowest_eval(b["curve"]),
-        }
-        for a, b in zip(runs["a"], runs["b"], strict=True)
-    ]
-    diff = paired_difference([r["bpb"] for r in runs["a"]], [r["bpb"] for r in runs["b"]])
-    overall = {
-        "a_bpb_mean": statistics.fmean(r["bpb"] for r in runs["a"]),
-        "b_bpb_mean": statistics.fmean(r["bpb"] for r in runs["b"]),
-        "diff_mean": diff.mean,
-        "diff_sd": diff.sd,
-        "dof": diff.n - 1,
-        "t": diff.t,
-        "ci95": list(diff.ci95) if diff.ci95 else None,
-        # every training step of the arm, all seeds: one median, not a mean of per-seed medians
-        "a_ms_per_step": statistics.median(ms for r in runs["a"] for ms in r["step_ms"]),
-        "b_ms_per_step": statistics.median(ms for r in runs["b"] for ms in r["step_ms"]),
-        "verdict": diff.verdict,
-    }
-    return per_seed, overall
-
-
-def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: datetime.datetime) -> list[dict]:
-    """`--record`: one history row per arm (bench's columns; docs/ab-protocol.md, Recording). The cells
-    pricing matches are history.setting's of the arm's resolved config, so a recorded row prices that arm."""
-    overall, steps = result["overall"], result["steps"]
-    ci = overall["ci95"]
-    interval = f"[{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "[no interval]"
-    rows = []
-    for arm in ARMS:
-        cfg, runs = cfgs[arm], result["runs"][arm]
-        t = cfg.train
-        flags = result["arms"][arm]["flags"]
-        note = (
-            f"ab {shown_path(out)} arm {arm.upper()}: {flags if flags.strip() else '(the shared config)'}; "
-            f"{steps} steps per run; Δ(B−A) = {overall['diff_mean']:+.4f} {interval} {overall['verdict']}"
-        )
-        if "bpb_by_depth" in overall:
-            note += f"; depth bpb {_depth_text(overall['bpb_by_depth'][arm])}"
-        step_s = [ms / 1000 for r in runs for ms in r["step_ms"]]  # every step of every seed, cold ones too
-        row = {
-            "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": result["commit"],
-            "model": "dormouse",
-            **setting(cfg),  # device, preset, batch, seq_len, dtype, arms, params
-            "compiled": "no",
-            **timing_columns(step_s, 0, t.batch_size * t.seq_len, None, None),
-            "first_step_s": "-",  # every run has its own cold first step: in the median, not a column
-            "peak_mem_gib": "-",
-            "torch": result["torch"],
-            "fla": fla_version(),
-            "log": shown_path(out / "ab.json"),
-            "note": note,
-            "peak_source": "-",
-            "mem_source": "-",
-            "kernels": "-",
-            "loadavg": f"{runs[0]['loadavg'][0]:.2f}/{runs[-1]['loadavg'][1]:.2f}",
-            "heldout_bpb": f"{overall[f'{arm}_bpb_mean']:.6f}",
-            "seeds": str(len(runs)),
-        }
-        rows.append({k: cell(v) for k, v in row.items()})
-    return rows
-
-
-def report_lines(per_seed: list[dict], overall: dict) -> list[str]:
-    lines = [
-        f"seed {r['seed']}: A {r['a_bpb']:.4f} bpb, B {r['b_bpb']:.4f} bpb, B-A {r['diff']:+.4f}; "
-        f"ms/step A {r['a_ms_per_step']:.4g}, B {r['b_ms_per_step']:.4g}{_lowest_text(r)}"
-        for r in per_seed
-    ]
-    ci = overall["ci95"]
-    interval = (
-        f"95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}] (Student t {overall['t']:.4g}, {overall['dof']} dof)"
-        if ci
-        else "95% CI unknown (one seed)"
-    )
-    lines += [
-        f"overall: A {overall['a_bpb_mean']:.4f} bpb, B {overall['b_bpb_mean']:.4f} bpb (means over seeds); "
-        f"B-A {overall['diff_mean']:+.4f}, {interval}",
-        f"ms/step (median of every training step): A {overall['a_ms_per_step']:.4g}, B {overall['b_ms_per_step']:.4g}",
-        f"verdict: {overall['verdict']}",
-    ]
-    if "bpb_by_depth" in overall:
-        by_depth = overall["bpb_by_depth"]
-        lines.append(
-            "held-out bpb by loop depth (depth:bpb, means over seeds): "
-            f"A {_depth_text(by_depth['a'])}; B {_depth_text(by_depth['b'])}"
-        )
-    return lines
-
-
 def cli(args: argparse.Namespace) -> int:
     """`dormouse ab`: see the module docstring and docs/ab-protocol.md. Several `--b`: one comparison each
     against one arm A, in one process, into OUT/b1 ... OUT/bN; b2 on reuse b1's arm A (or --reuse-a's);
@@ -480,15 +276,33 @@ def cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare(args: argparse.Namespace) -> dict:
-    """One comparison of arm A (`args.a`) and arm B (`args.b`, one string) into the new folder `args.out`;
-    returns what it wrote to ab.json."""
-    from dormouse.plots import plot_ab
+@dataclasses.dataclass
+class Plan:
+    """What one comparison runs, fixed before anything trains."""
+
+    cfgs: dict[str, Config]
+    out: Path
+    history: Path  # the rows the cost is priced from
+    record_to: Path  # the TSV --record appends to
+    commit: str
+    code: str
+    started: datetime.datetime
+    seeds: list[int]
+    steps: int | None  # None under --minutes until the pricing run sets it
+    minutes: float
+    corpus: Corpus
+    note: str
+    device: torch.device
+    reused: tuple[Path, list[dict]] | None
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """The comparison's arms, seeds, paths and provenance; every refusal before anything trains."""
     from dormouse.runs import open_corpus
 
     cfgs = arm_configs(args)
     out = args.out
-    history = Path(args.history) if args.history else COMMITTED  # the rows the cost is priced from
+    history = Path(args.history) if args.history else COMMITTED
     record_to = Path(args.history) if args.history else out / RECORD_FILE
     if args.record:
         history_header(record_to)  # a header the rows cannot go under is refused now, not after the runs
@@ -514,73 +328,97 @@ def compare(args: argparse.Namespace) -> dict:
             device=device_name(device),
             eval_depths=args.eval_depths,
         )
-    cost = price(history, cfgs, corpus, steps=steps, minutes=minutes, seeds=len(seeds))
-    print(cost["text"])
-
-    pricing = None
-    if minutes:  # equal steps: what the slower arm fits in the budget, measured here and now
-        ms = {
-            arm: measure_ms_per_step(for_round(cfg, first_seed, PRICE_WARMUP + PRICE_STEPS), corpus, note)
-            for arm, cfg in cfgs.items()
-        }
-        steps = max(1, int(minutes * 60_000 // max(ms.values())))
-        pricing = {"warmup": PRICE_WARMUP, "steps": PRICE_STEPS, "ms_per_step": ms}
-        print(f"pricing run: ms/step A {ms['a']:.4g}, B {ms['b']:.4g}; both arms train {steps} steps")
-    step_rule = (
-        f"--minutes {minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
-        if minutes
-        else f"--steps {steps}"
+    return Plan(
+        cfgs, out, history, record_to, commit, code, started, seeds, steps, minutes, corpus, note, device, reused
     )
 
+
+def pricing_run(p: Plan) -> dict:
+    """`--minutes`: time each arm here and now, and set the steps both arms train to what the slower one
+    fits in the budget (equal steps)."""
+    ms = {
+        arm: measure_ms_per_step(for_round(cfg, p.seeds[0], PRICE_WARMUP + PRICE_STEPS), p.corpus, p.note)
+        for arm, cfg in p.cfgs.items()
+    }
+    p.steps = max(1, int(p.minutes * 60_000 // max(ms.values())))
+    print(f"pricing run: ms/step A {ms['a']:.4g}, B {ms['b']:.4g}; both arms train {p.steps} steps")
+    return {"warmup": PRICE_WARMUP, "steps": PRICE_STEPS, "ms_per_step": ms}
+
+
+def train_rounds(p: Plan, eval_depths: bool) -> tuple[dict[str, list[dict]], list[str]]:
+    """Every seed round of both arms (a reused arm A's runs taken as they are), alternating the order; the
+    runs per arm and the order they ran in."""
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    if reused is not None:
-        runs["a"] = reused[1]
-        print(f"arm A: the runs of {reused[0]} (reused: trained and timed in that comparison)")
+    if p.reused is not None:
+        runs["a"] = p.reused[1]
+        print(f"arm A: the runs of {p.reused[0]} (reused: trained and timed in that comparison)")
     order = []
-    for i, seed in enumerate(seeds):
+    for i, seed in enumerate(p.seeds):
         for arm in ARMS if i % 2 == 0 else ARMS[::-1]:  # A B, B A, ...: drift in machine speed hits both arms
-            if arm == "a" and reused is not None:
+            if arm == "a" and p.reused is not None:
                 continue
             order.append(f"{arm}/{seed}")
-            run_dir = out / arm / f"seed-{seed}"
-            cfg = for_round(cfgs[arm], seed, steps)
-            runs[arm].append(run_arm(cfg, corpus, note, run_dir, eval_depths=args.eval_depths))
+            cfg = for_round(p.cfgs[arm], seed, p.steps)
+            runs[arm].append(run_arm(cfg, p.corpus, p.note, p.out / arm / f"seed-{seed}", eval_depths=eval_depths))
+    return runs, order
+
+
+def compare(args: argparse.Namespace) -> dict:
+    """One comparison of arm A (`args.a`) and arm B (`args.b`, one string) into the new folder `args.out`;
+    returns what it wrote to ab.json."""
+    from dormouse.plots import plot_ab
+
+    p = plan(args)
+    cost = price(p.history, p.cfgs, p.corpus, steps=p.steps, minutes=p.minutes, seeds=len(p.seeds))
+    print(cost["text"])
+    pricing = pricing_run(p) if p.minutes else None
+    step_rule = (
+        f"--minutes {p.minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
+        if p.minutes
+        else f"--steps {p.steps}"
+    )
+    runs, order = train_rounds(p, args.eval_depths)
     per_seed, overall = summarise(runs)
     if args.eval_depths:
         overall["bpb_by_depth"] = {arm: depth_means(runs[arm]) for arm in ARMS}
-
     result = {
-        "commit": commit,
-        "code": code,
-        "device": device_name(device),
+        "commit": p.commit,
+        "code": p.code,
+        "device": device_name(p.device),
         "torch": torch.__version__,
-        "preset": cfgs["a"].preset,
-        "data": note,
-        "fingerprint": corpus.fingerprint,
-        "seeds": seeds,
-        "steps": steps,
+        "preset": p.cfgs["a"].preset,
+        "data": p.note,
+        "fingerprint": p.corpus.fingerprint,
+        "seeds": p.seeds,
+        "steps": p.steps,
         "step_rule": step_rule,
         "pricing_run": pricing,
         "order": order,
         "cost": cost,
-        "reused_a": None if reused is None else shown_path(reused[0]),
+        "reused_a": None if p.reused is None else shown_path(p.reused[0]),
         "arms": {
-            arm: {"flags": getattr(args, arm), "config": for_round(cfgs[arm], first_seed, steps).to_dict()}
+            arm: {"flags": getattr(args, arm), "config": for_round(p.cfgs[arm], p.seeds[0], p.steps).to_dict()}
             for arm in ARMS
         },
         "runs": runs,
         "per_seed": per_seed,
         "overall": overall,
     }
-    (out / "ab.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    plot_ab(result, out / "ab.png")
+    (p.out / "ab.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    plot_ab(result, p.out / "ab.png")
     for line in report_lines(per_seed, overall):
         print(line)
-    print(f"ab: {out / 'ab.json'}, {out / 'ab.png'}")
-    if args.record:  # a reused arm A has its row already, from the comparison that trained it
-        rows = dict(zip(ARMS, history_rows(result, cfgs, out, started), strict=True))
-        recorded = ARMS[1:] if reused is not None else ARMS
-        for arm in recorded:
-            append_row(record_to, rows[arm])
-        print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {record_to}")
+    print(f"ab: {p.out / 'ab.json'}, {p.out / 'ab.png'}")
+    if args.record:
+        record(p, result)
     return result
+
+
+def record(p: Plan, result: dict) -> None:
+    """`--record`: one row per arm trained here (a reused arm A has its row already, from the comparison
+    that trained it)."""
+    rows = dict(zip(ARMS, history_rows(result, p.cfgs, p.out, p.started), strict=True))
+    recorded = ARMS[1:] if p.reused is not None else ARMS
+    for arm in recorded:
+        append_row(p.record_to, rows[arm])
+    print(f"ab: appended {len(recorded)} row(s) (arm {' and '.join(a.upper() for a in recorded)}) to {p.record_to}")

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from dormouse.errors import ConfigError
-from dormouse.tools.ab import ARMS, _differences, depth_means, report_lines, summarise
+from dormouse.tools.ab import ARMS, _differences
+from dormouse.tools.ab_report import depth_means, report_lines, summarise
 from dormouse.tools.bench.rows import shown_path
 
 SAME = ("code", "fingerprint", "device", "steps", "preset")
