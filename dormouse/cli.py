@@ -41,7 +41,7 @@ def _inspect_run(run: Path, plot: bool) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from dormouse.config import config_from_args
+    from dormouse.config_flags import config_from_args
 
     if args.path is not None and (Path(args.path) / "config.json").is_file():
         return _inspect_run(Path(args.path), args.plot)
@@ -63,7 +63,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from dormouse.config import config_from_args, resume_config
+    from dormouse.config_flags import config_from_args, resume_config
     from dormouse.distributed import joined
     from dormouse.plots import plot_curves
     from dormouse.runs import open_corpus, run_config, run_corpus
@@ -292,7 +292,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dormouse.config import add_config_flags
+    from dormouse.config_flags import add_config_flags, config_groups
 
     parser = argparse.ArgumentParser(prog="dormouse", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dormouse {__version__}")
@@ -341,19 +341,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p)
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("train", help="train a model; evals, checkpoints and metrics go to the run directory")
-    p.add_argument(
+    p = sub.add_parser(
+        "train",
+        help="train a model; evals, checkpoints and metrics go to the run directory",
+        usage="%(prog)s [--data DIR] [--out RUN | --resume RUN] [--preset P] [--config FILE] [flags]",
+    )
+    groups = config_groups(p)
+    groups["data"].add_argument(
         "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"
     )
-    runs = p.add_mutually_exclusive_group()
+    runs = groups["run"].add_mutually_exclusive_group()
     runs.add_argument("--out", metavar="RUN", default=None, help="new run directory (default runs/<preset>-<time>)")
     runs.add_argument(
-        "--resume",
-        metavar="RUN",
-        default=None,
-        help="continue RUN from its last checkpoint (only --steps / --minutes may change)",
+        "--resume", metavar="RUN", default=None, help="continue RUN from its last checkpoint (--steps may change)"
     )
-    _add_record_flags(p, "the finished run as a row (its last eval's held-out bpb, every step's time)")
+    _add_record_flags(groups["run"], "the finished run as a row")
     add_config_flags(p)
     p.set_defaults(func=_cmd_train)
 

@@ -44,10 +44,15 @@ class _HelpAll(argparse.Action):
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        for action in parser._actions:
-            action.help = getattr(action, "full_help", action.help)
+        show_advanced(parser)
         parser.print_help()
         parser.exit()
+
+
+def show_advanced(parser: argparse.ArgumentParser) -> None:
+    """List the advanced flags in `parser`'s help too."""
+    for action in parser._actions:
+        action.help = getattr(action, "full_help", action.help)
 
 
 def config_groups(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:

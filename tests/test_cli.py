@@ -1,6 +1,7 @@
 """--help lists only flags that exist: walk every flag that help prints and parse it."""
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from dormouse.cli import build_parser, main
+from dormouse.config_flags import show_advanced
 
 REQUIRED = {
     "prepare": ["in.txt", "--out", "X"],
@@ -44,8 +46,9 @@ def test_registered_subcommands_are_exactly_the_working_ones():
 @pytest.mark.parametrize("name", sorted(REQUIRED))
 def test_every_flag_in_help_parses(name):
     sub = subparsers()[name]
-    printed = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", sub.format_help())) - {"--help"}
-    declared = {s for a in sub._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
+    show_advanced(sub)  # what --help-all prints
+    printed = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", sub.format_help())) - {"--help", "--help-all"}
+    declared = {s for a in sub._actions for s in a.option_strings if s.startswith("--")} - {"--help", "--help-all"}
     assert printed == declared, f"help and parser disagree: {printed ^ declared}"
     for flag in sorted(printed):
         action = sub._option_string_actions[flag]
@@ -54,6 +57,20 @@ def test_every_flag_in_help_parses(name):
         assert ns.command == name
         if action.nargs != 0:
             assert getattr(ns, action.dest) is not None, flag
+
+
+def test_train_help_is_short_grouped_and_free_of_measurements():
+    env = {**os.environ, "COLUMNS": "80"}
+    run = [sys.executable, "-m", "dormouse", "train"]
+    short = subprocess.run([*run, "--help"], capture_output=True, text=True, check=True, env=env).stdout
+    full = subprocess.run([*run, "--help-all"], capture_output=True, text=True, check=True, env=env).stdout
+    assert len(short.splitlines()) <= 150 and len(full.splitlines()) > len(short.splitlines())
+    headings = [line.split(":")[0] for line in short.splitlines() if line and not line.startswith(" ")]
+    groups = ["data", "model", "arms", "optimizer", "schedule", "run", "performance", "parallel"]
+    assert headings == ["usage", "options", *groups]
+    assert "--engram" in short and "--kda-chunk-size" not in short and "--kda-chunk-size" in full
+    # help states what a flag does, not what it measured: no timings, bpb or speed-ups
+    assert not re.search(r"\d\s*(ms|bpb|tokens/s|x faster)|H200|H100|session", full)
 
 
 def test_module_entry_point_and_version():
