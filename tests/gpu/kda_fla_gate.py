@@ -31,8 +31,9 @@ from dormouse.tools.bench import fla_version  # noqa: E402
 from dormouse.tools.kda_op import forward_backward, make_inputs  # noqa: E402
 
 SHAPE = (10, 512, 8, 64)  # B, T, H, K (= V): the `small` preset's KDA at batch 10
-# The gate on max|d|/max|ref|: 1e-2 (bf16), 1e-3 (fp32 / tf32).
-TOLERANCE = {"bf16": 1e-2, "fp32": 1e-3, "tf32": 1e-3}
+# The gate on max|d|/max|ref|, a few unit roundoffs of the dots' inputs: bf16 keeps 8 mantissa bits
+# (u = 3.9e-3), TF32 11 (u = 4.9e-4: its 512-step chains land at 1.0-1.35e-3), fp32 24.
+TOLERANCE = {"bf16": 1e-2, "fp32": 1e-3, "tf32": 2.5e-3}
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 NAMES = ("q", "k", "v", "g", "beta", "h0")
 
