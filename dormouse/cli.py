@@ -1,6 +1,9 @@
 """The `dormouse` command. A subcommand is registered only once it works (no stubs)."""
 
 import argparse
+import contextlib
+import errno
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,31 +66,42 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from dormouse import checkpoint, run_lock
     from dormouse.config_flags import config_from_args, resume_config
     from dormouse.distributed import joined
     from dormouse.plots import plot_curves
-    from dormouse.runs import open_corpus, run_config, run_corpus
+    from dormouse.runs import make_run_dir, open_corpus, run_config, run_corpus
     from dormouse.train.trainer import Trainer
 
     history = _history(args)
+    writer = int(os.environ.get("RANK", "0")) == 0  # rank 0 alone writes the run directory
     if args.resume:
         cfg = resume_config(run_config(args.resume), args)
         run = args.resume
+        done = checkpoint.last_step(run)
+        if done is not None and done >= cfg.train.steps:  # Lightning's max_steps: a finished fit, not an error
+            print(f"{run} is at step {done} and --steps is {cfg.train.steps}: nothing left to train")
+            return 0
         corpus, note = run_corpus(run, args.data)
     else:
         cfg = config_from_args(args)
         run = args.out or f"runs/{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
         corpus, note = open_corpus(args.data)
-    with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (ddp, fsdp)
-        trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume), world=world)
-        try:
-            trainer.run_loop()
-        except KeyboardInterrupt:
-            return 130
-    if world.is_main:
-        print(f"curves: {plot_curves(trainer.run)}")
-        if args.record:
-            _record_run(trainer, history)
+        if writer:
+            make_run_dir(run)
+    with contextlib.ExitStack() as hold:
+        if writer:  # one writer per run directory: a second `train` on it is refused (dormouse/run_lock.py)
+            hold.enter_context(run_lock.held(run, "train"))
+        with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (ddp, fsdp)
+            trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume), world=world)
+            try:
+                trainer.run_loop()
+            except KeyboardInterrupt:
+                return 130
+        if world.is_main:
+            print(f"curves: {plot_curves(trainer.run)}")
+            if args.record:
+                _record_run(trainer, history)
     return 0
 
 
@@ -226,6 +240,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if result.acceptance is not None:
         print(result.acceptance, file=sys.stderr)
     if args.record:
+        from dormouse import run_lock
         from dormouse.tools.bench.provenance import git_commit, repo_root
         from dormouse.tools.bench.rows import RECORD_FILE, append_row
         from dormouse.tools.decode_row import decode_row
@@ -246,7 +261,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             commit=git_commit(repo_root()),
             log=str(ck.path),
         )
-        append_row(history, row)
+        in_run = history.resolve().parent == Path(args.run).resolve()
+        with run_lock.held(args.run, "generate --record") if in_run else contextlib.nullcontext():
+            append_row(history, row)
         print(f"generate: appended a row (dormouse-decode) to {history}", file=sys.stderr)
     return 0
 
@@ -258,7 +275,7 @@ def torch_cuda() -> bool:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from dormouse.tools.bench import cli
+    from dormouse.tools.bench.command import cli
 
     return cli(args)
 
@@ -547,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_ab)
 
     p = sub.add_parser("ledger", help="print the fallback ledger (every site: LOUD or COUNTED)")
-    p.add_argument("--markdown", action="store_true", help="print docs/fallbacks.md")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/reliability.md's)")
     p.set_defaults(func=_cmd_ledger)
 
     from dormouse.tools import tune
@@ -584,3 +601,14 @@ def main(argv: list[str] | None = None) -> int:
     except DormouseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the environment (disk full, permissions, a file gone): one line, no traceback
+        print(f"error: {_os_error(e)}", file=sys.stderr)
+        return 2
+
+
+def _os_error(e: OSError) -> str:
+    where = f": {e.filename}" if e.filename else ""
+    hint = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EACCES: "check its permissions"}
+    hint[errno.EROFS] = "write somewhere else"
+    then = f"; {hint[e.errno]} and run again" if e.errno in hint else ""
+    return f"{e.strerror or e}{where}{then}"

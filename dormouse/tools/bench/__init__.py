@@ -11,7 +11,3 @@ By job:
 - profiling.py: `--profile`'s tables and the device's idle time;
 - rows.py: the history's columns and appending a row; provenance.py: commit and code fingerprint.
 """
-
-from dormouse.tools.bench.command import cli
-
-__all__ = ["cli"]
