@@ -24,12 +24,12 @@ point leaves the previous commit intact; the next save cleans up after it:
   two pointer writes: `best` is completed. Until then `best` is the previous best, itself complete.
 One writer per run directory (rank 0).
 
-What the predecessor lost silently, and what refuses here instead:
-- a resume overwrote a better best (best_eval_bpb was a local): a save whose state carries no best,
-  or a worse one than `best` holds, is refused;
-- `best` was a different model (its n-gram sidecar did not travel): `best` is a whole directory;
-- inf was printed as a score: a non-finite best_bpb is never written;
-- an absent sidecar was read as freshly seeded rows, and a sidecar from another step loaded without
+What could otherwise be lost silently, and what refuses it:
+- a resume overwriting a better best: a save whose state carries no best, or a worse one than `best`
+  holds, is refused;
+- `best` holding a different model than it names (a sidecar left behind): `best` is a whole directory;
+- inf printed as a score: a non-finite best_bpb is never written;
+- an absent sidecar read as freshly seeded rows, or a sidecar from another step loaded without
   complaint: a missing file, a hash or size mismatch and a step stamp that disagrees with state.json
   are LOUD ledger sites; an unlisted file in the directory is refused too.
 """
@@ -63,7 +63,7 @@ STATE_KEYS = ("run_id", "best_bpb", "best_step", "sampler", "stress", "extra")
 FILE_MISSING = ledger.register(
     "checkpoint.file_missing",
     ledger.Kind.LOUD,
-    "a checkpoint file is missing: refused (the predecessor read an absent sidecar as freshly seeded rows)",
+    "a checkpoint file is missing: refused (an absent sidecar would read as freshly seeded rows)",
     __name__,
 )
 STEP_MISMATCH = ledger.register(

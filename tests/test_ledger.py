@@ -7,12 +7,6 @@ from dormouse import ledger
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_docs_fallbacks_is_generated_from_the_ledger():
-    assert (ROOT / "docs" / "fallbacks.md").read_text() == ledger.markdown(), (
-        "docs/fallbacks.md is stale: run `dormouse ledger --markdown > docs/fallbacks.md`"
-    )
-
-
 def test_the_modules_all_sites_skips_register_nothing():
     # They import only where Triton is; a site registered there would be missing from the ledger on a CPU.
     for name in ledger.TRITON_ONLY:

@@ -1,8 +1,8 @@
 """Loading a prepared corpus: every shard stat'ed, size-checked and hash-verified, then memmapped.
 
-The predecessor counted a shard it could not stat as 0 bytes in its size floor, so a lost shard
-shrank the corpus silently. Here a shard that cannot be stat'ed, is empty, has another size than the
-manifest says, or fails its sha256 is a LOUD ledger site: the load stops and names the shard.
+A shard that could not be stat'ed, counted as 0 bytes, would shrink the corpus silently. So a shard
+that cannot be stat'ed, is empty, has another size than the manifest says, or fails its sha256 is a
+LOUD ledger site: the load stops and names the shard.
 Verification is not optional; hashing runs at disk speed (a 30 MB corpus takes a few tens of ms).
 """
 
@@ -21,7 +21,7 @@ from dormouse.errors import DataError
 UNSTATABLE = ledger.register(
     "data.shard_unstatable",
     ledger.Kind.LOUD,
-    "a shard that cannot be stat'ed is refused (the predecessor counted it as 0 bytes)",
+    "a shard that cannot be stat'ed is refused (counted as 0 bytes, it would shrink the corpus silently)",
     __name__,
 )
 EMPTY = ledger.register(

@@ -4,7 +4,7 @@ Anchors are p = 0, s, 2s, … (s = dspark_stride), n = floor((T − k − 1) / s
 T bytes (docs/glossary.md derives the count); a sequence with T < k + 1 + s has none and a term of
 exactly zero. The window (the bytes fed to the head and the bytes it is scored on) is built from
 input_ids, the teacher's input, never from the label sequence: fed labels, slot 0 would read the very
-byte it predicts (the predecessor's defect). The term reads (input_ids, hidden, logits) and nothing else.
+byte it predicts and learn to copy it. The term reads (input_ids, hidden, logits) and nothing else.
 
 The head is semi-autoregressive, as DSpark's Markov head: slot j reads the state slot j − 1 left and
 the byte before its target, x[p+j] (the anchor byte, then the teacher's bytes in training, the drafted

@@ -12,8 +12,8 @@ not it was a spike, and the oldest loss leaves once the window is full.
 
 `p999()` is the 99.9th percentile of the window (numpy's default linear interpolation). The window,
 the spike count and the parameters are the whole state: `state_dict()` is plain JSON and a monitor
-restored from it continues exactly as the uninterrupted one (the predecessor's window, count and
-p99.9 restarted empty on every resume).
+restored from it continues exactly as the uninterrupted one (a resume does not restart the window,
+the count or p99.9 empty).
 """
 
 import math
