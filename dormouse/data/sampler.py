@@ -62,9 +62,9 @@ class Sampler:
         windows = np.empty((len(rows), self.seq_len + 1), np.uint8)
         for row, offset in enumerate(self.offsets(seed, step, split)[rows.start : rows.stop].tolist()):
             windows[row] = self.corpus.read(split, offset, self.seq_len + 1)
-        # In numpy: torch's copies here sat in 1.4-5.9 ms idle gaps a step on the H200 (session 19, bench's
-        # idle gaps line), most likely its thread pool (ops of >= 32768 elements) waking after the host's
-        # wait for the GPU; not measured apart.
+        # In numpy: torch's copies here sit in 1.4-5.9 ms idle gaps a step on an H200 (`dormouse bench
+        # --profile`'s idle gaps line), most likely its thread pool (ops of >= 32768 elements) waking after the
+        # host's wait for the GPU; not measured apart.
         inputs = torch.from_numpy(windows[:, :-1].astype(np.int64))
         targets = torch.from_numpy(windows[:, 1:].astype(np.int64))
         if self.byte_noise:

@@ -2,7 +2,7 @@
 
 fla's `chunk_kda` Function rounds its fp32 dq and dk to q's and k's dtype (bf16 under autocast) before
 it returns them (`dq.to(q)`): two [B, T, H, K] casts a layer application, ~0.4 ms a `small` step at
-B 64 on the H200 (session 21's profile). Autograd would cast any fp32 gradient a Function returns for a
+B 64 on an H200 (torch profiler). Autograd would cast any fp32 gradient a Function returns for a
 bf16 input the same way. The layer's fused short conv, which made q and k, reads its output gradients
 in either dtype. So `chunk_kda_sunk` runs fla's own forward and backward (`chunk_kda_fwd`,
 `chunk_kda_bwd`: the kernels and options of `chunk_kda` with the decay gate and beta's sigmoid in the

@@ -70,7 +70,7 @@ class Stream:
     def join(self, delta: torch.Tensor) -> None:
         """What an engram memory adds, in its own dtype (bf16 under autocast). The plain stream holds it as
         `pending`, as a layer's FFN output: the next block layer's pre-norm adds it in its kernel (no
-        separate add, cast or gradient sum: docs/performance.md, session 23). AttnRes takes it as a source
+        separate add, cast or gradient sum: docs/performance.md). AttnRes takes it as a source
         in the stream's dtype."""
         if self.attn_res is None:
             self.settle()

@@ -10,10 +10,9 @@ A norm whose output feeds one matmul and nothing else (`feeds_one_matmul`: the b
 of a KDA mixer and of a dense SwiGLU) writes it, on the fused path under autocast, in autocast's dtype:
 the matmul would cast it to that dtype anyway (one rounding of an fp32 value) and cast its gradient
 back to fp32 (exact), so the arithmetic is the same and two [B, T, d] passes a call are saved
-(docs/performance.md). Not the same bits on the H200: fla's autotuner keys its kernel choice on the
+(docs/performance.md). Not the same bits on an H200: fla's autotuner keys its kernel choice on the
 dtypes, and another block shape sums a row's squares in another order, so an output can differ by one
-bf16 rounding and the gradients by what follows from it (tests/gpu/test_norm_fused.py measures it;
-session 15's GPU log showed it).
+bf16 rounding and the gradients by what follows from it (tests/gpu/test_norm_fused.py measures it).
 
 `add_and_norm` is the pre-norm of a residual stream a branch's output has just joined: the block layer's
 FFN pre-norm takes the mixer's output, the next layer's mixer pre-norm the FFN's (model/loop.py's Stream).
@@ -90,7 +89,7 @@ class RMSNorm(nn.Module):
         output `x` has just joined, the sum in residual's dtype (at least as wide as x's: the fp32 stream
         and a bf16 branch). On the fused path one kernel each way (fla's forward, dormouse's backward) forms
         the sum and normalises it, and backward adds the sum's gradient to the norm's: no separate add, cast
-        or gradient sum (docs/performance.md, session 17). `for_matmul`: this call's output feeds one matmul
+        or gradient sum (docs/performance.md). `for_matmul`: this call's output feeds one matmul
         alone, as `feeds_one_matmul` says of every call (the final norm's for the head; its other caller,
         JEPA's teacher, wants fp32). One call counts once in counters.NORM."""
         if torch.promote_types(x.dtype, residual.dtype) != residual.dtype:

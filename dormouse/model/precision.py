@@ -2,7 +2,7 @@
 
 fp32  float32 matmuls in true fp32: torch's matmul precision "highest", and Triton's fp32 `tl.dot`
       (fla's kernels) in IEEE fp32 (TRITON_F32_DEFAULT=ieee). Triton's default on Hopper is TF32,
-      which put fla's KDA over the 1e-3 fp32 gate (benches/logs/2026-12-02-kda-gpu-gate/).
+      which puts fla's KDA over the 1e-3 fp32 gate (tests/gpu/kda_fla_gate.py).
 tf32  the same tensors in fp32 but matmuls on TF32 tensor cores: torch "high", Triton "tf32".
 bf16  autocast to bfloat16 (CUDA only); float32 leftovers as tf32 (the fast path; bf16 dominates).
 
@@ -10,8 +10,8 @@ On the CPU none of this changes anything (no TF32 there), so the CPU is always f
 
 Whatever the dtype, torch runs in deterministic mode (`torch.use_deterministic_algorithms`): an op with a
 non-deterministic CUDA kernel runs its deterministic one, and an op that has none raises. Without it the
-byte embedding's gradient (atomic adds on CUDA) differed between two processes of one config from the
-first step (benches/logs/2026-12-03-h200-session7/probe-call2/), and the runs parted.
+byte embedding's gradient (atomic adds on CUDA) differs between two processes of one config from the
+first step, and the runs part.
 """
 
 import contextlib
@@ -50,8 +50,8 @@ def apply(dtype: str) -> str:
     """Set torch's and Triton's float32 precision for `dtype`; returns a line for the run header.
 
     Once Triton is imported, its fp32 precision is fixed for the process: a kernel compiled for one
-    input dtype under one precision is reused under another (session 7: `--dtype fp32` ran fla's TF32
-    kernels after a TF32 run in the same process), so a change raises instead of running the old one."""
+    input dtype under one precision is reused under another (`--dtype fp32` after a TF32 run in the same
+    process would run fla's TF32 kernels), so a change raises instead of running the old one."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
     torch_precision, triton_precision = _FLOAT32[dtype]
@@ -77,8 +77,8 @@ def apply(dtype: str) -> str:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
     # That mode also fills every new tensor's memory with NaN by default, a kernel per allocation: 51 ->
-    # 56.8 ms per T 256 B 64 step with it on. Off, no read of unwritten memory showed: two processes still
-    # repeat every gradient and weight (benches/logs/2026-12-03-h200-session7/probe-call4/).
+    # 56.8 ms per T 256 B 64 step with it on. Off, no read of unwritten memory shows: two processes still
+    # repeat every gradient and weight.
     torch.utils.deterministic.fill_uninitialized_memory = False
     return (
         f"float32 precision: torch matmul {torch_precision}, Triton fp32 dot {triton_fp32(dtype)}; "

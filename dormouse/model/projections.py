@@ -15,8 +15,8 @@ each Linear runs alone.
 Under bf16 autocast on CUDA a matmul of fp32 weights runs as `_Bf16Linear`: the weights concatenated
 straight into one bf16 tensor (one kernel, where autocast took a cat and a cast), and their gradient
 written in fp32 by the matmul itself (`torch.mm(..., out_dtype=torch.float32)`), where autocast rounded
-it to bf16 and cast it back: 40 fewer cast kernels a `small` step on the H200 (session 18, call 4's
-profile; its wall time within the machine's spread), and the weights' gradient no longer rounded to bf16.
+it to bf16 and cast it back: 40 fewer cast kernels a `small` step on an H200 (torch profiler; the wall
+time within the card's spread), and the weights' gradient is not rounded to bf16.
 The output and the input's gradient are autocast's bit for bit (tests/gpu/test_projections_cuda.py).
 A Linear with a bias (`affine_of`) runs the same way, its bias added in the matmul and its gradient
 summed by one.
@@ -25,8 +25,8 @@ The looped block applies each layer `depth` times a step. Inside `shared_casts()
 loop) the applications of one weight group share its bf16 concatenation, made by the first: as separate
 applications each cast the weights again (24 cast kernels a `small` step at depth 2). The arithmetic is
 unchanged, bit for bit. Their fp32 weight gradients are still summed by autograd: adding the second into
-the first inside the matmul (`addmm`, beta 1) made cuBLAS choose split-K kernels with a reduction
-kernel of their own, as many launches as the adds it saved (H200, session 22's call 2 profile).
+the first inside the matmul (`addmm`, beta 1) makes cuBLAS choose split-K kernels with a reduction
+kernel of their own on an H200, as many launches as the adds it would save (torch profiler).
 """
 
 from contextlib import contextmanager

@@ -3,11 +3,10 @@
 Each program walks L consecutive positions of BD channels of one sequence, keeping the last three inputs
 (and, backward, the last three pre-activation gradients) in registers, so every element is read from
 memory once; it takes four positions an iteration, their loads issued before any is used. fla's
-causal_conv1d, which the fused path ran before, loads each [time, channel] tile four times shifted and
-runs its forward again inside its backward: on the H200 at [64, 512, 512] bf16 (a slice of the KDA
-layer's packed projection, as in the model) it took 48 us forward and 179 us backward; one position an
-iteration took 35 us and 69 us, four take 27 us and 58 us (benches/conv_probe.py; session 19 call 4
-ran those kernels as benches/conv_unroll_probe.py at a4c1dc9; docs/performance.md).
+causal_conv1d loads each [time, channel] tile four times shifted and runs its forward again inside its
+backward: on an H200 at [64, 512, 512] bf16 (a slice of the KDA layer's packed projection, as in the
+model) it takes 48 us forward and 179 us backward; these kernels with one position an iteration take
+35 us and 69 us, with four 27 us and 58 us (docs/performance.md).
 
 The window is four taps; a narrower conv runs with zero weights in front (the same function). A wider
 one is refused by the caller (short_conv.check_fused_width). A conv of dilation D (the engram's) is D
@@ -38,13 +37,12 @@ import triton
 import triton.language as tl
 
 TAPS = 4
-# (positions a program walks, a multiple of 4; channels; warps; pipeline stages): the fastest of
-# the sweep of session 19's call 4 (benches/conv_probe.py's blocks; run as conv_unroll_probe.py at a4c1dc9).
+# (positions a program walks, a multiple of 4; channels; warps; pipeline stages): the fastest of a
+# sweep of these four on an H200 at [64, 512, 512] bf16.
 FWD_BLOCKS = (32, 128, 1, 3)
 BWD_BLOCKS = (64, 128, 1, 2)
-# The same with q and k L2-normalised inside (a row sum a position each way): the fastest of the sweep
-# of benches/qkv_conv_probe.py (session 21's call 3; its call 2's choice, 32x256 forward on 2 warps,
-# was 17 us slower there).
+# The same with q and k L2-normalised inside (a row sum a position each way): the fastest of a sweep
+# of the packed q, k, v conv on an H200 (32x256 forward on 2 warps is 17 us slower there).
 NORM_FWD_BLOCKS = FWD_BLOCKS
 NORM_BWD_BLOCKS = (32, 64, 1, 2)
 NORM_EPS = 1e-6  # fla's l2norm's (and model/norm.py's l2norm's): x / sqrt(sum(x^2) + eps)

@@ -3,10 +3,9 @@
 Two paths compute the same function: `plain` (torch's silu and mul, any device) and `fused`
 (dormouse's Triton kernels, model/swiglu_kernels.py: CUDA only). Under bf16 autocast the plain path
 rounds the SiLU to bf16 before the product and runs three elementwise kernels forward and three
-backward over [B, T, hidden]; on the H200 they were 5.1 ms of `small`'s 54 ms step at batch 64
+backward over [B, T, hidden]; on an H200 they are 5.1 ms of `small`'s 54 ms step at batch 64
 (docs/performance.md). The fused kernels compute `silu(gate) * up` and both gradients in fp32 in one
-pass each and round once (fla's SwiGLU kernels' arithmetic and bits, which the path ran until session
-19, at ~1.45x their speed).
+pass each and round once (fla's SwiGLU kernels' arithmetic and bits, at ~1.45x their speed).
 
 When autograd records, the fused path takes the gate and up projections as the two halves of one
 matmul's output `h` [..., 2·hidden] and writes their gradients into one [..., 2·hidden] tensor, so

@@ -1,12 +1,11 @@
 """dormouse's own Triton kernels for the SwiGLU's fused path: `silu(gate) * up` and its two gradients.
 
 Each program takes a tile of rows × columns, so a row's columns are contiguous in every load and store.
-fla's kernels, which the fused path ran before, walk the tensor as one flat index (row = i // H, column =
-i % H), which keeps the compiler from vectorising: on the H200 at the `small` B 64 shape ([32768, 1536]
-halves of the [32768, 3072] gate-up projection) they took 104 us forward and 169 us backward (~2.9 TB/s);
-these take 71 and 118 (~4.3 TB/s; benches/swiglu_probe.py, session 19 call 9). The arithmetic is fla's,
-term for term, in fp32 with one rounding to the inputs' dtype: the same bits as fla's kernels (the probe
-checks it).
+fla's SwiGLU kernels walk the tensor as one flat index (row = i // H, column = i % H), which keeps the
+compiler from vectorising: on an H200 at the `small` B 64 shape ([32768, 1536] halves of the
+[32768, 3072] gate-up projection) they take 104 us forward and 169 us backward (~2.9 TB/s); these take
+71 and 118 (~4.3 TB/s). The arithmetic is fla's, term for term, in fp32 with one rounding to the inputs'
+dtype: the same bits as fla's kernels (tests/gpu/test_swiglu_fused.py checks it).
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
 interpreter): `swiglu.fused_kernels()` looks it up. The tile is fixed by the row length (no autotuning at a

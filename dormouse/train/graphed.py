@@ -80,8 +80,8 @@ class CountDelta:
 def table_rows(model: DormouseLM, x: torch.Tensor) -> dict[int, torch.Tensor]:
     """Each memory's table rows for the bytes x ({insertion layer: [B, T, arms]}). x is the trainer's
     batch, bytes by construction (the sampler's uint8 windows): the keys skip the range check, whose host
-    sync before each replay made the host wait for the previous update to finish before it could queue
-    the step (session 19: 3-4 ms of idle device a step at B 64)."""
+    sync before each replay would make the host wait for the previous update to finish before it could
+    queue the step (3-4 ms of idle device a step at B 64)."""
     return {j: global_rows(m.keys(x, bytes_checked=True), m.rows) for j, m in model.memories()}
 
 
@@ -183,7 +183,7 @@ class GraphedStep:
         """Fill the next step's inputs and look up its rows now, queued behind this step's update (the
         look-up reads the updated tables) and before the host waits for this step's check: the GPU then
         goes from the update to those copies and gathers without waiting for the host to launch them
-        (~0.4 ms of idle device a step at B 64 on the H200, session 20). A call with another batch than
+        (~0.4 ms of idle device a step at B 64 on an H200). A call with another batch than
         the staged one fills its own."""
         if self.static:
             self.staged = (x, self._fill(x, y, jepa_starts))

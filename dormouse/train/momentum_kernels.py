@@ -3,9 +3,9 @@
 
     M ← kept · M + (1 − β) · G,   U = (1 − β) · G + β · M      (kept = β; 1 with G taken as 0 on a skipped step)
 
-One pass reads G and M and writes M and U (into G's storage). torch's form ran, per shape group, a
+One pass reads G and M and writes M and U (into G's storage). torch's form runs, per shape group, a
 `where` on G, two `_foreach` ops on the buffers, a stack of them, a product and a sum: ~14 passes of the
-group's fp32 matrices where this is 4 (docs/performance.md, session 23). The arithmetic is torch's, each
+group's fp32 matrices where this is 4 (docs/performance.md). The arithmetic is torch's, each
 product and sum in fp32; the compiler may fuse a product and a sum into one rounding where torch's kernels
 round twice (within fp32's error: tests/gpu/test_sinkhorn_kernels.py). The block is fixed.
 

@@ -2,14 +2,14 @@
 
 For the touched rows idx (distinct) with their gradient rows g, the keep mask (a row with an all-zero
 gradient, or every row of a skipped step, is kept as it is) and the per-row bias corrections (computed by
-torch in float64 on the [k] counts, as before), one pass does
+torch in float64 on the [k] counts, on either path), one pass does
 
     m ← β1 m + (1 − β1) g,   v ← β2 v + (1 − β2) g²                      where kept
     W ← W − step_size · m / (sqrt(v) / bc2 + eps)                          where kept and lr ≠ 0
 
-reading g and the rows of m, v and W once and writing the three back. torch's form gathered each row set
-into new tensors, ran ~15 elementwise ops on them and scattered them back (`index_copy_`): ~25 passes of
-[k, D] where this is 7 (0.23 ms a step at `small` B 64 on the H200, session 22). The arithmetic is
+reading g and the rows of m, v and W once and writing the three back. torch's form gathers each row set
+into new tensors, runs ~15 elementwise ops on them and scatters them back (`index_copy_`): ~25 passes of
+[k, D] where this is 7 (0.23 ms a step at `small` B 64 on an H200). The arithmetic is
 torch's in fp32, with IEEE square root and division; the compiler may fuse a product and a sum into one
 rounding where torch's kernels round twice (within fp32's error: tests/gpu/test_row_plan.py).
 

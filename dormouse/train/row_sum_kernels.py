@@ -5,7 +5,7 @@ torch's CUDA `coalesce` sorts the row indices (thrust's merge sort by key: stabl
 `coalesceValuesKernel` adds each distinct row's gradient rows one by one, from zero, in fp32. This is
 that sum, read through the plan's stable order, without the host sync torch's takes to count the rows:
 the same additions in the same order, so the same bits (tests/gpu/test_row_plan.py). `index_add_` in
-deterministic mode gave other bits and took 0.57 ms a step at B 64 on the H200 (session 20, call 3).
+deterministic mode gives other bits and takes 0.57 ms a step at B 64 on an H200.
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
 interpreter): `sparse.table_kernels()` looks it up.
@@ -34,7 +34,7 @@ def _row_sums_kernel(values, order, bounds, out, D: tl.constexpr, BLOCK: tl.cons
 
 def _warps(block: int) -> int:
     """Warps for a row of `block` columns: one per 128 (an engram row of 64 is one warp; the default four
-    left three idle, and fewer programs fit on an SM; 0.149 ms a step at B 64 with four, session 22)."""
+    leave three idle, and fewer programs fit on an SM; 0.149 ms a step at B 64 with four)."""
     return max(1, min(4, block // 128))
 
 

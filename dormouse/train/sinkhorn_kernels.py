@@ -16,8 +16,8 @@ An iteration reads U twice (the row norms, one program a row; the column sums of
 rows) and writes nothing of its size; a tiny kernel adds each column's blocks in a fixed order and
 updates c. `sinkhorn_step_` ends in NesterovSinkhorn's step itself, W ← W · decay − lr · X written into
 the weights (their addresses in a table: the matrices of a shape are separate tensors), so X, X · lr and
-the decayed W are never tensors of their own. The previous kernels (session 18) rescaled the matrix in
-place, five passes of it an iteration, 0.41 ms a `small` step on the H200. The arithmetic differs from
+the decayed W are never tensors of their own. Rescaling the matrix in place instead takes five passes
+of it an iteration, 0.41 ms a `small` step on an H200. The arithmetic differs from
 torch's form only in where it rounds (products of scales instead of successive rescalings; the step's
 product and difference perhaps fused into one rounding) and in the order of the sums, within fp32's
 error (tests/gpu/test_sinkhorn_kernels.py). fp32 only: fp64, the reference precision, stays

@@ -71,7 +71,7 @@ def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
 def _distinct_rows_write():
     """Deterministic mode off around `index_copy_` into distinct rows: each row is written once, so any
     order gives the same bits, but deterministic mode would still sort the indices first (torch's
-    index_put_ path), ~0.4 ms of host time a call on the H200 while the GPU waited (session 16's idle line)."""
+    index_put_ path), ~0.4 ms of host time a call on an H200 while the GPU waits."""
     on, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
     try:
@@ -256,8 +256,8 @@ class RowPlan:
     torch's `coalesce` counts the distinct rows on the GPU and waits for that count on the host, so it
     waits for the backward that made the gradient. A --cuda-graph step makes the plan of the next batch
     while the GPU runs this one (`GraphedStep.prefetch`): the count reaches the host by a copy queued
-    then, and the next step coalesces without waiting (session 20: the coalesce's wait left the GPU idle
-    while the host launched the update). The sums add each distinct row's gradient rows one by one in
+    then, and the next step coalesces without waiting (the coalesce's wait would leave the GPU idle while
+    the host launches the update). The sums add each distinct row's gradient rows one by one in
     their order, from zero: torch's CUDA coalesce's additions (its CPU one adds in another order)."""
 
     def __init__(self, rows: torch.Tensor):
