@@ -93,7 +93,7 @@ def test_committed_fla_pin_files_are_in_flas_format():
 
 def test_triton_precision_cannot_change_once_triton_is_imported(monkeypatch):
     # A kernel compiled for one input dtype under one precision is reused under another in one process
-    # (session 7: `--dtype fp32` ran fla's TF32 kernels after a TF32 run), so the change is refused.
+    # (`--dtype fp32` would run fla's TF32 kernels after a TF32 run), so the change is refused.
     precision.apply("bf16")  # before Triton's import: any change is still free
     precision.apply("fp32")
     precision.apply("bf16")

@@ -1,6 +1,6 @@
 """On CUDA: `dormouse eval` of a bf16 run scores under the run's autocast, so it reprints the training's
-last eval exactly (session 13 found `dormouse eval` running fp32 there: 3.2447 against the run's 3.2446,
-benches/logs/2026-12-03-h200-session13/nccl-ddp.log). Skipped without CUDA."""
+last eval exactly (an fp32 eval of a bf16 run reads another number: 3.2447 against the run's 3.2446).
+Skipped without CUDA."""
 
 import json
 

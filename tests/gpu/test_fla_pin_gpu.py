@@ -1,7 +1,7 @@
 """On CUDA with fla: every fla kernel reads the committed pin, and the recipe's shape (`small`'s
 widths, its T and B, bf16, engram off: read from configs/tinyshakespeare.toml; its dropout chooses no kernel)
-trains and evaluates with no kernel chosen by timing. Session 6's runs of one config gave three different
-numbers while five layer-norm choices per process were timed (docs/known-issues.md); this is what must not come back.
+trains and evaluates with no kernel chosen by timing. Choices timed per process give one config
+different numbers from run to run (five layer-norm kernels alone): this is what must not happen.
 Skipped without CUDA or fla."""
 
 from pathlib import Path

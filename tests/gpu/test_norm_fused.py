@@ -73,7 +73,7 @@ def test_model_on_cuda_runs_every_norm_fused():
 
 # A norm feeding one matmul (RMSNorm.feeds_one_matmul) writes bf16 itself where autocast would cast its
 # fp32 output: the same arithmetic, not the same bits here (fla's autotuner keys its choice on the
-# dtypes, and another block shape reduces a row in another order; session 15's log: not torch.equal).
+# dtypes, and another block shape reduces a row in another order: not torch.equal on an H200).
 # Bounded by one bf16 rounding of the output and what follows from it.
 FLAGGED_TOL = {"output": 2.0**-7, "d input": 1e-2, "d weight": 1e-2}
 
@@ -109,8 +109,8 @@ def test_add_and_norm_fused_against_plain(shape, flagged):
     # backward, adds the sum's gradient to the norm's. The loss is linear in the norm's output and in the
     # sum, so the gradients arriving are the same on both paths: the output differs by a rounding to bf16
     # at most (where the flag writes bf16) and the gradients by fp32 reduction orders, except the bf16
-    # branch's, which is one rounding of the same fp32 value (session 17, call 2: a squared loss carried
-    # the output's rounding into every gradient, 1.0e-2 on the stream's).
+    # branch's, which is one rounding of the same fp32 value (a squared loss carries the output's
+    # rounding into every gradient: 1.0e-2 on the stream's on an H200).
     gen = rng.generator(0, 3, "test")
     a0 = torch.randn(*shape, generator=gen).bfloat16().cuda()
     x0 = (3 * torch.randn(*shape, generator=gen)).cuda()

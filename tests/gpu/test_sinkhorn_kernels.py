@@ -3,8 +3,8 @@ NesterovSinkhorn's momentum kernel (train/momentum_kernels.py) against its formu
 
 The kernels keep the matrix as diag(r)·U·diag(c) and round in other places than torch's successive
 rescalings, summing the same squares in another order, so they are held to fp32's own error: within 4e-6
-of the fp64 result (max|d|, entries of RMS 1), as torch's fp32 form is (session 18's probe: ~9e-7 both for
-the kernels that rescaled in place; the interpreter gave ~1e-6 for these on a CPU, session 23). All-zero
+of the fp64 result (max|d|, entries of RMS 1), as torch's fp32 form is (~9e-7 for both on an H200; ~1e-6
+under the Triton interpreter on a CPU). All-zero
 rows and columns stay zero (and finite: their scales are kept, not compounded to inf), a call gives the
 same bits twice, and rows wider than one block (the looping path) and one-row or one-column matrices are
 covered.

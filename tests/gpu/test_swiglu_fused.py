@@ -1,5 +1,5 @@
 """dormouse's SwiGLU kernels (model/swiglu_kernels.py, through model/swiglu.py) against float64 on CUDA, and
-against fla's kernels, which the fused path ran until session 19, bit for bit; skipped without CUDA/Triton.
+against fla's SwiGLU kernels, bit for bit; skipped without CUDA/Triton.
 
 The kernels compute `silu(gate) * up` and both gradients in fp32 from the inputs and round once to the
 inputs' dtype: against the float64 function of the same (rounded) inputs, max|d|/max|ref| within 1e-6 in
@@ -65,7 +65,7 @@ def test_fused_packed_against_float64(dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(64, 512, 3072), (3, 5, 192)], ids=["small-b64", "ragged"])
 def test_the_kernels_give_fla_s_bits(dtype, shape):
-    # The fused path ran fla's SwiGLU kernels until session 19: the same arithmetic, term for term.
+    # fla's SwiGLU kernels do the same arithmetic, term for term.
     ops, why = fla_kernels.swiglu()
     if ops is None:
         pytest.skip(f"needs fla-core: {why}")
