@@ -132,12 +132,23 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return resolve(build(preset, overrides))
 
 
-RESUMABLE = {"train.steps", "train.minutes", "train.parallel", "train.dist_timeout", "train.engram_shard"}
+# What a resumed run may change: its length, its eval and checkpoint cadence, how it runs (the world size
+# may change). Anything else shapes the model, its tables or its training, and is refused.
+RESUMABLE = (
+    "train.steps",
+    "train.minutes",
+    "train.eval_every",
+    "train.ckpt_every",
+    "train.keep_last",
+    "train.parallel",
+    "train.dist_timeout",
+    "train.engram_shard",
+)
+RESUMABLE_FLAGS = ", ".join("--" + name.split(".", 1)[1].replace("_", "-") for name in RESUMABLE)
 
 
 def resume_config(saved: Config, args: argparse.Namespace) -> Config:
-    """A resumed run keeps its config; only the training length (--steps, --minutes) and how it runs
-    (--parallel, --dist-timeout, --engram-shard: the world size may change) may."""
+    """A resumed run keeps its config; only the RESUMABLE fields may change (docs/reliability.md, Resume)."""
     if args.preset or args.config:
         raise ConfigError("a resumed run keeps its own config: --preset and --config are refused with --resume")
     out = Config(model=dataclasses.replace(saved.model), train=dataclasses.replace(saved.train), preset=saved.preset)
@@ -146,10 +157,7 @@ def resume_config(saved: Config, args: argparse.Namespace) -> Config:
             continue
         if dest not in RESUMABLE:
             flag = "--" + dest.split(".", 1)[1].replace("_", "-")
-            raise ConfigError(
-                f"{flag} cannot change on --resume: only --steps, --minutes, --parallel, --dist-timeout and "
-                "--engram-shard may"
-            )
+            raise ConfigError(f"{flag} cannot change on --resume: only {RESUMABLE_FLAGS} may")
         section, key = dest.split(".", 1)
         setattr(getattr(out, section), key, value)
     if vars(args).get("train.parallel") is None:

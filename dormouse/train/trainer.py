@@ -22,7 +22,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 import dormouse
-from dormouse import checkpoint, counters, ledger
+from dormouse import checkpoint, counters, ledger, run_lock, runs
 from dormouse.config import Config, layer_mixers
 from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
@@ -110,16 +110,18 @@ class Trainer:
     def _create_run_dir(self, corpus_note: str) -> None:
         if not self.world.is_main:
             return
-        if self.run.exists() and any(self.run.iterdir()):
+        if self.run.exists() and any(p.name != run_lock.LOCK for p in self.run.iterdir()):
             raise ConfigError(f"run directory {self.run} is not empty: pass --resume {self.run} or a new --out")
         self.run.mkdir(parents=True, exist_ok=True)
-        (self.run / "config.json").write_text(self.cfg.to_json() + "\n")
+        runs.write_atomic(self.run / "config.json", self.cfg.to_json() + "\n")
         meta = {"run_id": self.run_id, "corpus": str(self.corpus.root), "fingerprint": self.corpus.fingerprint}
-        (self.run / "run.json").write_text(json.dumps({**meta, "corpus_note": corpus_note}, indent=2) + "\n")
+        runs.write_atomic(self.run / "run.json", json.dumps({**meta, "corpus_note": corpus_note}, indent=2) + "\n")
 
     def _restore(self) -> None:
         ck = checkpoint.load(self.run, "last")
-        run_meta = json.loads((self.run / "run.json").read_text())
+        run_meta = runs.run_meta(self.run)
+        # Only the RESUMABLE fields may differ from the config the checkpoint was trained with.
+        changed = runs.config_changes(self.cfg.to_dict(), ck, "this resume's config")
         if run_meta["fingerprint"] != self.corpus.fingerprint:
             raise ConfigError(
                 f"run {self.run} was trained on corpus {run_meta['fingerprint'][:12]}, this corpus is "
@@ -141,7 +143,10 @@ class Trainer:
         metrics = self.run / "metrics.jsonl"
         if self.world.is_main and metrics.exists():
             kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.step]
-            metrics.write_text("".join(line + "\n" for line in kept))
+            runs.write_atomic(metrics, "".join(line + "\n" for line in kept))
+        if self.world.is_main:  # what this resume changed, kept: a later plain --resume goes on with it
+            runs.write_atomic(self.run / "config.json", self.cfg.to_json() + "\n")
+            append_jsonl(metrics, {"kind": "resume", "step": self.step, "changed": changed})
 
     def log(self, text: str) -> None:
         if not self.world.is_main:
@@ -343,6 +348,10 @@ class Trainer:
                     window_ce, window_ms = [], []
                 if new_best or self.step % t.ckpt_every == 0 or last:
                     self.save(is_best=new_best)
+        except KeyboardInterrupt:
+            if interrupt.requested:  # a second signal: stopped at once, inside a step or a save
+                self.log(self._lost_note())
+            raise
         finally:
             interrupt.restore()
             bar.close()
@@ -350,6 +359,17 @@ class Trainer:
             self.log(f"interrupted: stopped after step {self.step} with a checkpoint; --resume {self.run} goes on")
             raise KeyboardInterrupt
         return record
+
+    def _lost_note(self) -> str:
+        """What a stop at once loses: the steps after the last committed checkpoint (read from disk: a save
+        the signal cut short committed nothing)."""
+        saved = checkpoint.last_step(self.run) if self.world.is_main else self.saved_step
+        if saved is None:
+            return f"interrupted again: steps 1-{self.step} not saved; no checkpoint yet"
+        if self.step <= saved:
+            return f"interrupted again: nothing lost; last checkpoint step {saved}; --resume {self.run} goes on"
+        lost = f"step {self.step}" if self.step == saved + 1 else f"steps {saved + 1}-{self.step}"
+        return f"interrupted again: {lost} not saved; last checkpoint step {saved}; --resume {self.run} goes on"
 
     @property
     def first_step_s(self) -> float | None:
