@@ -3,7 +3,7 @@
 Layout of `RUN/ckpt/`:
 
     step-00000120/           one checkpoint: complete under this name, or absent
-      model.safetensors      the model's state_dict; metadata {"step": "120", "kind": "model"}
+      model.safetensors      the model's state_dict; metadata {"step": "120", "kind": "model", "state": <seal>}
       optimizer.pt           torch.save({"step": 120, "state": optimizer.state_dict()})
       <stem>.safetensors     the caller's other tensor files (engram tables, ...); metadata {"step", "kind": stem};
                              optimizer state that travels with them is keyed "optimizer/<key>" there
@@ -13,6 +13,11 @@ Layout of `RUN/ckpt/`:
     best                     pointer to the best directory: weights and engram tables travel together
 
 This module knows nothing of how the model is built: it takes and returns state dicts.
+
+state.json is sealed: the model file's metadata holds the sha256 of its body (every key but `files`,
+which the model file's own hash is in), so a hand edit of state.json (a lowered best_bpb, another
+run_id) is refused at load, naming state.json. The `best` pointer and a checkpoint's best_bpb must
+agree with the sealed state.json of the best directory.
 
 A save writes everything into `.tmp-step-<N>-<random>/`, fsyncs each file and the directory, renames
 it to `step-<N>`, then replaces `last` (and `best`) atomically, then prunes. A writer killed at any
@@ -155,11 +160,27 @@ def save(
     if final.exists():  # only a committed one can be here: _recover removed orphans
         raise CheckpointError(f"checkpoint {final} already exists: a step is saved once")
     tmp = ckpt / f".tmp-{final.name}-{secrets.token_hex(4)}"
+    try:
+        _write_step(tmp, final, step, files_out, optimizer_state, body, is_best)
+    except (OSError, SafetensorError, RuntimeError) as e:  # disk full, quota, permissions: nothing committed
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"checkpoint step {step} not saved ({_cause(e)}); the last checkpoint, step {last_step(run_dir)}, "
+            "is intact: free space (or pass a lower --keep-last with --resume) and --resume"
+        ) from e
+    _prune(ckpt, keep_last)
+    return final
+
+
+def _write_step(tmp: Path, final: Path, step: int, files_out: dict, optimizer_state: dict, body: dict, is_best):
+    """Write checkpoint `step` into `tmp`, rename it to `final`, then commit it (`last`, `best`)."""
+    ckpt = final.parent
     tmp.mkdir()
     _at("tmp_created")
     files = {}
     for name, (sd, kind) in files_out.items():
-        save_file(sd, str(tmp / name), metadata={"step": str(step), "kind": kind})
+        meta = {"step": str(step), "kind": kind, **({"state": _state_seal(body)} if kind == "model" else {})}
+        save_file(sd, str(tmp / name), metadata=meta)
         files[name] = _seal(tmp / name, step)
         _at(f"{kind}_written")
     with open(tmp / OPTIMIZER, "wb") as f:
@@ -179,8 +200,12 @@ def save(
     if is_best:
         _write_pointer(ckpt, "best", step, bpb)
         _at("best_written")
-    _prune(ckpt, keep_last)
-    return final
+
+
+def _cause(e: Exception) -> str:
+    if isinstance(e, OSError):
+        return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def load(run_dir: str | os.PathLike, which: str | os.PathLike = "last", *, device: str = "cpu") -> Checkpoint:
@@ -247,18 +272,25 @@ def _check_against_disk(ckpt: Path, last: dict | None, body: dict, step: int, is
             raise CheckpointError(
                 f"step {step} is not after the last checkpoint {ckpt / last['dir']}: a run saves forward only"
             )
-        prev = _read_json(ckpt / last["dir"] / STATE)
+        prev = _sealed_state(ckpt / last["dir"])
         if prev.get("run_id") != body["run_id"]:
             raise CheckpointError(
                 f"run_id {body['run_id']!r} differs from {prev.get('run_id')!r} in {ckpt / last['dir'] / STATE}: "
                 "one run directory holds one run"
             )
     best = _read_pointer(ckpt, "best")
+    if best is not None:
+        _check_best_pointer(ckpt, best)
     if best is not None and (body["best_bpb"] is None or body["best_bpb"] > best["bpb"]):
         raise CheckpointError(
             f"state best_bpb={body['best_bpb']!r} at step {step} is worse than, or forgets, the best "
             f"{best['bpb']!r} at {ckpt / best['dir']}: a resumed run must restore its best"
             + (" (is_best=True would overwrite it)" if is_best else "")
+        )
+    if best is not None and body["best_step"] == best["step"] and body["best_bpb"] != best["bpb"]:
+        raise CheckpointError(
+            f"state best_bpb={body['best_bpb']!r} at step {step} names best_step {best['step']}, whose "
+            f"checkpoint recorded {best['bpb']!r}: a best is the score its own checkpoint recorded"
         )
 
 
@@ -281,7 +313,7 @@ def _recover(ckpt: Path) -> dict | None:
             _remove(path)
             ledger.count(ORPHAN_REMOVED)
     if (ckpt / last["dir"]).is_dir():
-        prev = _read_json(ckpt / last["dir"] / STATE)
+        prev = _sealed_state(ckpt / last["dir"])
         best = _read_pointer(ckpt, "best")
         if prev.get("best_step") == last["step"] and (best is None or best["step"] != last["step"]):
             _write_pointer(ckpt, "best", last["step"], prev["best_bpb"])  # killed between `last` and `best`
@@ -423,7 +455,7 @@ def _load_dir(path: Path, pointed: int | None, which, device: str) -> Checkpoint
     model_state, tensors, optimizer_tensors = {}, {}, {}
     for name in state["files"]:
         if name == MODEL:
-            model_state = _load_safetensors(path / name, step, "model", device)
+            model_state = _load_safetensors(path / name, step, "model", device, seal=_state_seal(state))
         elif name != OPTIMIZER:
             stem = name.removesuffix(".safetensors")
             held = _load_safetensors(path / name, step, stem, device)
@@ -432,6 +464,7 @@ def _load_dir(path: Path, pointed: int | None, which, device: str) -> Checkpoint
             if opt:
                 optimizer_tensors[stem] = opt
     optimizer_state = _load_optimizer(path / OPTIMIZER, step, device)
+    _check_best(path.parent, state, path, pointed is not None and which == "best")
     return Checkpoint(path, step, state, model_state, optimizer_state, tensors, optimizer_tensors)
 
 
@@ -497,7 +530,7 @@ def _verify_files(path: Path) -> dict:
     return state
 
 
-def _load_safetensors(path: Path, step: int, kind: str, device: str) -> dict[str, torch.Tensor]:
+def _load_safetensors(path: Path, step: int, kind: str, device: str, seal: str | None = None) -> dict:
     try:
         with safe_open(str(path), framework="pt", device=device) as f:
             meta = f.metadata() or {}
@@ -508,7 +541,71 @@ def _load_safetensors(path: Path, step: int, kind: str, device: str) -> dict[str
         raise ledger.refuse(STEP_MISMATCH, f"{path} is stamped step {meta.get('step')!r}, state.json says {step}")
     if meta.get("kind") != kind:
         raise CheckpointError(f"{path} holds kind {meta.get('kind')!r}, expected {kind!r}")
+    if seal is not None and meta.get("state") != seal:
+        raise _edited(path.parent, meta.get("state"))
     return out
+
+
+def _state_seal(state: dict) -> str:
+    """sha256 of state.json's body: every key but `format` and `files` (sorted, compact JSON)."""
+    body = {k: state.get(k) for k in (*STATE_KEYS, "step")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _edited(path: Path, seal) -> CheckpointError:
+    if seal is None:
+        return CheckpointError(f"{path / MODEL} holds no seal of {STATE}: written by an older dormouse, not loaded")
+    return ledger.refuse(
+        HASH_MISMATCH, f"{path / STATE} was edited: its contents differ from the seal in {path / MODEL}"
+    )
+
+
+def _sealed_state(path: Path) -> dict:
+    """A step directory's state.json, checked against its seal (the model file's metadata only: cheap)."""
+    state = _read_json(path / STATE)
+    try:
+        with safe_open(str(path / MODEL), framework="pt") as f:
+            seal = (f.metadata() or {}).get("state")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path / MODEL} is not a readable safetensors file: {e}") from e
+    if seal != _state_seal(state):
+        raise _edited(path, seal)
+    return state
+
+
+def _check_best_pointer(ckpt: Path, best: dict) -> None:
+    """`best`'s bpb is the one its directory's sealed state.json records as the best."""
+    state = _sealed_state(ckpt / best["dir"])
+    if state.get("best_step") != best["step"] or state.get("best_bpb") != best["bpb"]:
+        raise CheckpointError(
+            f"pointer {ckpt / 'best'} says bpb {best['bpb']!r} at step {best['step']}, but "
+            f"{ckpt / best['dir'] / STATE} records best_bpb {state.get('best_bpb')!r} at step "
+            f"{state.get('best_step')!r}: the pointer was edited; restore it"
+        )
+
+
+def _check_best(ckpt: Path, state: dict, path: Path, via_best: bool) -> None:
+    """A loaded checkpoint's best_bpb equals the one its best directory recorded, where that is still on disk."""
+    best = _read_pointer(ckpt, "best")
+    if best is not None and (via_best or best["step"] == state["best_step"]):
+        _check_best_pointer(ckpt, best)
+        if best["step"] == state["best_step"] and best["bpb"] != state["best_bpb"]:
+            raise CheckpointError(
+                f"{path / STATE} says best_bpb {state['best_bpb']!r} at step {state['best_step']}, but "
+                f"{ckpt / best['dir'] / STATE} recorded {best['bpb']!r}"
+            )
+    if state["best_step"] is None or state["best_step"] == state["step"]:
+        return
+    best_dir = ckpt / step_dir_name(state["best_step"])
+    if best_dir.is_dir() and not (best_dir / STATE).is_file():
+        return  # being pruned by a concurrent save: nothing to compare against
+    if best_dir.is_dir():
+        recorded = _sealed_state(best_dir)
+        if recorded.get("best_bpb") != state["best_bpb"]:
+            raise CheckpointError(
+                f"{path / STATE} says best_bpb {state['best_bpb']!r} at step {state['best_step']}, but "
+                f"{best_dir / STATE} recorded {recorded.get('best_bpb')!r}"
+            )
 
 
 def _load_optimizer(path: Path, step: int, device: str) -> dict:
