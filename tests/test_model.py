@@ -20,8 +20,11 @@ ARMS = list(itertools.product(MIXERS, EXPERTS, (False, True), MEMORY))
 
 
 def tiny(mixer="kda", experts=(1, 1), attn_res=False, memory=("disabled", 0), **extra):
-    """The nano preset shrunk for speed, with one arm combination."""
+    """The nano preset shrunk for speed, with one arm combination: the engram on and dropout off, the
+    settings these tests check (a test of dropout or of the engram's absence sets its own)."""
     model = {
+        "engram": True,
+        "dropout": 0.0,
         "d_model": 32,
         "n_heads": 2,
         "ffn_hidden": 64,
@@ -309,9 +312,9 @@ def test_mor_decoding_equals_the_full_forward(mixer, memory):
 # ---- dropout: masks from the (seed, step, "dropout") stream, training mode only -------------------------
 
 
-def test_dropout_zero_is_bitwise_the_model_without_the_field():
+def test_dropout_zero_is_bitwise_the_forward_without_a_generator():
     x, y = ids(2, 24), ids(2, 24, step=1)
-    plain, zero = DormouseLM(tiny()), DormouseLM(tiny(dropout=0.0))  # training mode
+    plain, zero = DormouseLM(tiny(dropout=0.0)), DormouseLM(tiny(dropout=0.0))  # training mode
     a, b = plain(x, y), zero(x, y, dropout_gen=step_generator(0, 0))
     assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
 
