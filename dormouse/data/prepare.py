@@ -28,6 +28,7 @@ The corpus is written into a temporary sibling of `out`, fsynced, then renamed t
 leaves nothing under the final name, and an existing non-empty `out` is never touched.
 """
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -171,9 +172,13 @@ def write_corpus(
         except OSError as e:  # `out` appeared, non-empty, while we were writing
             raise DataError(f"cannot create corpus {out}: {e.strerror}; refusing to overwrite it") from e
         _fsync_dir(out.parent)
+    except OSError as e:  # disk full, quota, permissions, an input gone: one line, nothing under `out`
+        where = f": {e.filename}" if e.filename else ""
+        raise DataError(f"preparing {out} failed ({e.strerror or e}{where}); nothing was written under {out}") from e
     finally:
         for w in writers.values():
-            w.discard()
+            with contextlib.suppress(OSError):  # a full disk fails the close's flush too
+                w.discard()
         if tmp.exists():
             shutil.rmtree(tmp)
     return manifest

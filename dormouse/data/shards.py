@@ -137,15 +137,34 @@ def _read_manifest(root: Path) -> dict:
     missing = {"shards", "heldout", "sources", "totals", "fingerprint"} - manifest.keys()
     if missing:
         raise DataError(f"{path} lacks the field(s) {sorted(missing)}")
+    if not isinstance(manifest["shards"], list):
+        raise DataError(f"{path}: shards is a {type(manifest['shards']).__name__}, expected a list of entries")
     for entry in manifest["shards"]:
         if (
             not isinstance(entry, dict)
             or entry.keys() != {"path", "split", "size", "sha256"}
             or entry["split"] not in SPLITS
+            or not isinstance(entry["path"], str)
             or Path(entry["path"]).name != entry["path"]  # a shard lives in the corpus folder itself
+            or not _is_count(entry["size"])
+            or not isinstance(entry["sha256"], str)
         ):
             raise DataError(f"{path} lists a bad shard entry {entry}")
+    totals = manifest["totals"]
+    if not isinstance(totals, dict) or not all(_is_count(totals.get(split)) for split in SPLITS):
+        raise DataError(f"{path}: totals is {totals!r}, expected a byte count for each of {list(SPLITS)}")
+    held, sources = manifest["heldout"], manifest["sources"]
+    if not isinstance(held, dict) or held.get("mode") not in ("document", "tail", "tail-validation"):
+        raise DataError(f"{path}: heldout is {held!r}, expected the held-out rule written by `dormouse prepare`")
+    if not isinstance(sources, list):
+        raise DataError(f"{path}: sources is a {type(sources).__name__}, expected a list of documents")
+    if not isinstance(manifest["fingerprint"], str):
+        raise DataError(f"{path}: fingerprint is {manifest['fingerprint']!r}, expected a sha256 string")
     return manifest
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _verified_shard(root: Path, entry: dict) -> np.ndarray:
