@@ -5,7 +5,8 @@ inputs: byte windows, memory slots prepended), walking it in order without overl
 (`data.sampler.heldout_windows`): every held-out byte after the first is scored once, or the fixed
 prefix of `eval_bytes` bytes. bpb = total cross-entropy in nats / scored bytes / ln 2. The auxiliary
 objectives (`dspark`, `jepa`) are scored on the same windows, each a mean over its own windows
-(anchors, spans): exactly 0 when none fits, `off` when its weight is 0. Under data
+(anchors, spans): `n/a` when no window fits, `off` when its weight is 0. Every number of an eval is
+checked: a NaN or infinite one stops with a NonFiniteError naming the term, never printed as a score. Under data
 parallelism the ranks share the walk's batches and add the per-batch sums in batch order, so the score
 does not depend on the world size.
 """
@@ -41,7 +42,7 @@ class HeldOut:
     ce: float  # nats per byte
     bytes: int
     engram: str = "off"  # distinct rows read / lookups over the whole eval, all memories ("off": arm off)
-    aux: dict = field(default_factory=dict)  # {term: mean over its held-out windows, or "off"}
+    aux: dict = field(default_factory=dict)  # {term: mean over its windows, None (no window fits) or "off"}
 
     @property
     def bpb(self) -> float:
@@ -112,7 +113,9 @@ def heldout_score(
     aux = {}
     for k, name in enumerate(AUX_TERMS):
         total_aux, windows = aux_sums[2 * k : 2 * k + 2]
-        aux[name] = "off" if not weights[name] else (total_aux / windows if windows else 0.0)
+        aux[name] = "off" if not weights[name] else (total_aux / windows if windows else None)
+        if isinstance(aux[name], float) and not math.isfinite(aux[name]):
+            raise NonFiniteError(f"held-out {name} term is {aux[name]} over {int(windows)} windows: not a score")
     return HeldOut(ce=ce, bytes=scored, engram="off" if engram is None else str(engram), aux=aux)
 
 
@@ -144,7 +147,7 @@ def _united(engram: EngramStats | None, world: World) -> EngramStats | None:
 def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, stress) -> dict:
     """One eval as a dict (metrics.jsonl); `eval_line` prints it. Kernel and fallback counters are read here."""
     fla_kernels.count_unpinned()  # kernel choices made by timing since the last eval join `fallbacks=`
-    return {
+    record = {
         "kind": "eval",
         "step": step,
         "bpb": held.bpb,
@@ -160,6 +163,10 @@ def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, dept
         "fallbacks": ledger.counted_summary(),
         "stress": stress,
     }
+    for name, value in record.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NonFiniteError(f"eval at step {step}: {name} is {value}; not a score")
+    return record
 
 
 def depth_field(cfg, depths: list[int] | None = None) -> int | str:
