@@ -16,6 +16,7 @@ from dormouse.model import kda as kda_module
 from dormouse.model.kda import (
     KDA_PARAM_GROUPS,
     KDALayer,
+    _bounded_chunk,
     _decayed_scores,
     kda,
     kda_chunked,
@@ -130,6 +131,77 @@ def test_decayed_scores_blocks_match_pairwise(C, strict):
     assert rel(M, ref) <= 1e-13
 
 
+# --- the bounded form: each chunk's scores one matmul through its middle row ----------------------
+
+
+@pytest.mark.parametrize(
+    "chunk,bound,C", [(64, -5.0, 16), (64, -1.0, 64), (64, -20.0, 4), (64, -40.0, 2), (16, -5.0, 16), (64, 0.0, 64)]
+)
+def test_bounded_chunk_keeps_the_span_within_fp32(chunk, bound, C):
+    assert _bounded_chunk(chunk, bound) == C
+
+
+@pytest.mark.parametrize("bound,g_scale", [(-5.0, 1.0), (-1.0, 0.2), (-20.0, 4.0)])
+@pytest.mark.parametrize("state", [True, False], ids=["h0", "no_h0"])
+@pytest.mark.parametrize("T,chunk", [(1, 64), (37, 16), (130, 64)])
+def test_bounded_chunked_matches_recurrent_fp64(T, chunk, state, bound, g_scale):
+    q, k, v, g, beta, h0 = inputs(2, T, 2, 16, 8, gate="strong", state=state)
+    g = g_scale * g  # strong gates lie in (-5, 0): these in (bound, 0)
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, s = kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=chunk, lower_bound=bound)
+    assert rel(o, o_ref) <= 1e-10
+    assert rel(s, s_ref) <= 1e-10
+
+
+@pytest.mark.parametrize("bound,g_scale", [(-5.0, 1.0), (-40.0, 8.0)])
+def test_bounded_chunked_fp32_matches_fp64_recurrence(bound, g_scale):
+    """Gates at the bound's edge, to -40 a step: every factor through the middle row stays finite."""
+    q, k, v, g, beta, h0 = inputs(2, 130, 2, 16, 8, gate="strong")
+    g = g_scale * g
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    args = [x.float().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    o, s = kda_chunked(*args[:5], initial_state=args[5], output_final_state=True, lower_bound=bound)
+    assert rel(o.double(), o_ref) <= 1e-4
+    assert rel(s.double(), s_ref) <= 1e-4
+    grads = torch.autograd.grad(o.sum() + s.sum(), args)
+    assert all(torch.isfinite(gr).all() for gr in grads)
+
+
+def test_bounded_chunked_gradients_match_recurrent():
+    args = [x.requires_grad_() for x in inputs(2, 130, 2, 16, 8, gate="strong")]
+    gen = rng.generator(1, 0, "test")
+    do = torch.randn(2, 130, 2, 8, generator=gen, dtype=torch.float64)
+    ds = torch.randn(2, 2, 16, 8, generator=gen, dtype=torch.float64)
+
+    def grads(fn, **kw):
+        o, s = fn(*args[:5], initial_state=args[5], output_final_state=True, **kw)
+        return torch.autograd.grad((o * do).sum() + (s * ds).sum(), args)
+
+    ref = grads(kda_recurrent)
+    got = grads(kda_chunked, chunk_size=64, lower_bound=-5.0)
+    for name, x, r in zip(("q", "k", "v", "g", "beta", "initial_state"), got, ref, strict=True):
+        assert rel(x, r) <= 1e-8, name
+
+
+def test_bounded_chunked_refuses_a_gate_below_its_bound():
+    q, k, v, g, beta, _ = inputs(1, 20, 1, 8, 4, gate="strong")
+    with pytest.raises(ValueError, match="below lower_bound -1.0"):
+        kda_chunked(q, k, v, g, beta, lower_bound=-1.0)
+
+
+@pytest.mark.parametrize("bound", [-5.0, None])
+def test_the_layer_hands_its_gate_bound_to_the_chunked_form(monkeypatch, bound):
+    seen = []
+
+    def spy(*args, lower_bound=None, **kw):
+        seen.append(lower_bound)
+        return kda_chunked(*args, lower_bound=lower_bound, **kw)
+
+    monkeypatch.setattr(kda_module, "kda_chunked", spy)
+    make_layer(gate_lower_bound=bound, backend="chunked")(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
+    assert seen == [bound]
+
+
 # --- gate 2: gradients -----------------------------------------------------------------------------
 
 
@@ -150,12 +222,16 @@ def test_chunked_gradients_match_recurrent(T, chunk, gate):
         assert rel(x, r) <= 1e-8, name
 
 
-def test_gradcheck_chunked():
-    # chunk 32 = two sub-blocks of 16, so both halves of _decayed_scores are checked; T=20 pads.
+@pytest.mark.parametrize("bound", [None, -5.0])
+def test_gradcheck_chunked(bound):
+    # chunk 32 = two sub-blocks of 16, so both halves of _decayed_scores are checked; T=20 pads. With the
+    # bound, two chunks of 16.
     args = [x.requires_grad_() for x in inputs(1, 20, 1, 3, 2, gate="strong", seed=2)]
 
     def f(q, k, v, g, beta, h0):
-        return kda_chunked(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=32)
+        return kda_chunked(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=32, lower_bound=bound
+        )
 
     # fast mode (random projections of the Jacobian): the full Jacobian is already compared against the
     # recurrence's above, and the full check costs one forward per input element.

@@ -118,48 +118,82 @@ def _decayed_scores(a, b, G, strict: bool, sub: int = 16):
     return M.transpose(-3, -2).flatten(-4, -3).flatten(-2, -1)  # [..., I, s, J, s] -> [..., C, C]
 
 
-def kda_chunked(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+def _contiguous(grad: torch.Tensor | None) -> torch.Tensor | None:
+    return None if grad is None else grad.contiguous()
+
+
+# The widest exponent a bounded chunk forms: e^80 is finite in fp32 (max e^88.7), e^-40 a normal number.
+_EXP_BUDGET = 80.0
+
+
+def _bounded_chunk(chunk_size: int, lower_bound: float) -> int:
+    """The chunk of the bounded form: `chunk_size` halved until a chunk's log-decay spans at most the
+    budget (16 for the gate's -5)."""
+    C = chunk_size
+    while C > 1 and C * -lower_bound > _EXP_BUDGET:
+        C //= 2
+    return C
+
+
+def kda_chunked(
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64, lower_bound=None
+):
     """The chunked (WY / UT-transform) form, reference sheet §1.3, in plain PyTorch.
 
     All intra-chunk work is batched over every chunk at once; only the state carry loops over
     chunks. Any T: the tail is padded with k=v=0, g=0, beta=0, which leave the state untouched.
+    `lower_bound`, a bound every g keeps (g >= it: the layer's bounded gate), makes each chunk's scores
+    one matmul through its middle row (fla's safe_gate), in chunks short enough that no exponent leaves
+    fp32 (`_bounded_chunk`); without it they come from `_decayed_scores`. The function is the same.
     Returns (o in q's dtype, state or None); the state is fp32 (fp64 for fp64 inputs).
     """
     B, T, H, K, V = _check_shapes(q, k, v, g, beta, initial_state)
+    if lower_bound is not None and bool((g < lower_bound).any()):
+        raise ValueError(f"kda_chunked: g goes below lower_bound {lower_bound} (min {g.min().item():.4g})")
     out_dtype, dtype = q.dtype, _compute_dtype(q)
     scale = K**-0.5 if scale is None else scale
-    C = chunk_size
+    C = chunk_size if lower_bound is None else _bounded_chunk(chunk_size, lower_bound)
     pad = -T % C
     N = (T + pad) // C
 
-    def chunks(x):  # [B, T, H, ...] -> [B, H, N, C, ...], zero-padded along T
+    def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...], zero-padded along T; each chunk contiguous
         x = F.pad(x.to(dtype), (0, 0) * (x.dim() - 2) + (0, pad))
-        return x.unflatten(1, (N, C)).movedim(3, 1)
+        return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, *range(4, x.dim() + 1)).contiguous()
 
     q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
     q = q * scale
-    G = g.cumsum(-2)  # inclusive in-chunk cumulative log-decay [B,H,N,C,K]
+    G = g.cumsum(-2)  # inclusive in-chunk cumulative log-decay [N,B,H,C,K]
+
+    if lower_bound is None:
+        L = _decayed_scores(k, k, G, strict=True)
+        A_qk = _decayed_scores(q, k, G, strict=False)  # diagonal included: a token reads its own write
+    else:  # |G_i - G_m| is at most half the chunk's span for m the middle row
+        G_m = G[..., C // 2 : C // 2 + 1, :]
+        k_from_m = (k * (G_m - G).exp()).transpose(-1, -2)
+        to_m = (G - G_m).exp()
+        L, A_qk = ((k * to_m) @ k_from_m).tril(-1), ((q * to_m) @ k_from_m).tril()
 
     # UT transform: (I + L) [W | U] = diag(beta) [exp(G) * k | v], L strictly lower triangular.
     # solve_triangular with unitriangular=True takes the unit diagonal as given, so L goes in as is.
-    L = beta[..., None] * _decayed_scores(k, k, G, strict=True)
     rhs = beta[..., None] * torch.cat([G.exp() * k, v], dim=-1)
-    W, U = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True).split([K, V], dim=-1)
+    W, U = torch.linalg.solve_triangular(beta[..., None] * L, rhs, upper=False, unitriangular=True).split([K, V], -1)
 
-    A_qk = _decayed_scores(q, k, G, strict=False)  # diagonal included: a token reads its own write
-    q_in = q * G.exp()  # reads the state carried into the chunk
+    # A chunk's output reads the state carried into it, directly (q decayed from the chunk's start) and
+    # through its pseudo-values U - W S (A_qk): o = A_qk U + (q exp(G) - A_qk W) S.
+    q_in = q * G.exp() - A_qk @ W
     k_out = k * (G[..., -1:, :] - G).exp()  # each key decayed to the chunk's end
-    chunk_decay = G[..., -1, :, None].exp()  # [B,H,N,K,1]
+    chunk_decay = G[..., -1, :, None].exp()  # [N,B,H,K,1]
 
     S = _start_state(initial_state, (B, H, K, V), dtype, q.device)
-    outs = []
+    states = []
     # unbind, not indexing: indexing's backward writes each chunk's gradient into a full-size zero tensor
-    per_chunk = (x.unbind(2) for x in (U, W, q_in, A_qk, k_out, chunk_decay))
-    for U_n, W_n, q_n, A_n, k_n, decay_n in zip(*per_chunk, strict=True):
-        v_new = U_n - W_n @ S  # pseudo-values: what the carried state does not yet predict
-        outs.append(q_n @ S + A_n @ v_new)
-        S = decay_n * S + k_n.transpose(-1, -2) @ v_new
-    o = torch.stack(outs, dim=2).movedim(1, 3).flatten(1, 2)[:, :T]  # [B,H,N,C,V] -> [B,T,H,V]
+    for U_n, W_n, k_n, decay_n in zip(*(x.unbind(0) for x in (U, W, k_out, chunk_decay)), strict=True):
+        states.append(S)
+        S = decay_n * S + k_n.transpose(-1, -2) @ (U_n - W_n @ S)  # U - W S: what S does not yet predict
+    o = A_qk @ U + q_in @ torch.stack(states)  # [N,B,H,C,V]
+    if o.requires_grad:  # its gradient comes as a view of [B,T,H,V]'s; matmul's backward copies such per chunk
+        o.register_hook(_contiguous)
+    o = o.permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :T]  # -> [B,N,C,H,V] -> [B,T,H,V]
     return o.to(out_dtype), (S if output_final_state else None)
 
 
@@ -260,15 +294,18 @@ def kda(
     backend="auto",
     chunk_size=64,
     fla_options: dict | None = None,
+    lower_bound: float | None = None,
 ):
     """KDA with the backend picked by `resolve_kda_backend`; every call is counted in counters.KDA.
-    `fla_options` (from `fla_options()`) go to fla's kernel."""
+    `fla_options` (from `fla_options()`) go to fla's kernel; `lower_bound` (g >= it) to the chunked form."""
     impl = resolve_kda_backend(backend, q.device)
     counters.KDA.record(fused=impl == "fla")
     if impl == "fla":
         return _kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, fla_options or {})
     if impl == "chunked":
-        return kda_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+        return kda_chunked(
+            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound=lower_bound
+        )
     return kda_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
 
 
@@ -509,4 +546,5 @@ class KDALayer(nn.Module):
             backend=backend,
             chunk_size=self.chunk_size,
             fla_options=options,
+            lower_bound=None if on_fla else self.gate_lower_bound,
         )
