@@ -69,11 +69,10 @@ class Decoder:
     def __init__(self, model, prompt: bytes, *, temperature=1.0, top_k=0, seed=0, max_iter=None, exit_threshold=1.0):
         if not prompt:
             raise DormouseError("the prompt is empty: decoding needs at least one byte to condition on")
-        if not (math.isfinite(temperature) and temperature >= 0) or not 0 <= top_k <= 256:
-            raise DormouseError(
-                f"--temperature must be a finite number >= 0 (0 = greedy) and --top-k in [0, 256]; "
-                f"got {temperature}, {top_k}"
-            )
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise DormouseError(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+        if not 0 <= top_k <= 256:
+            raise DormouseError(f"top_k in [0, 256] (--top-k; 0 = all bytes), got {top_k}")
         self.model, self.temperature, self.top_k, self.seed = model, temperature, top_k, seed
         self.exit = {"max_iter": max_iter, "exit_threshold": exit_threshold}
         device = next(model.parameters()).device
