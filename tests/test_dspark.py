@@ -12,7 +12,9 @@ from dormouse.resolve import resolve
 
 
 def tiny(**extra):
-    model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
+    """A small model with the draft head, the engram on and dropout off (the term's numbers are exact)."""
+    model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram": True, "dropout": 0.0}
+    model["engram_rows"] = 512
     model.update({"engram_dim": 8, "dspark_weight": 0.5, "dspark_k": 3, "dspark_stride": 4, **extra})
     cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
     return resolve(cfg, cuda_available=False).model

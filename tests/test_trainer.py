@@ -29,9 +29,11 @@ def corpus(random_corpus):
 
 
 def tiny_config(engram=None, **train):
+    """A small run with the engram on and dropout off; `engram` overrides model fields, `train` run fields."""
     values = {"seq_len": 32, "batch_size": 4, "steps": 12, "warmup_steps": 2, "eval_every": 4, "ckpt_every": 4}
     values.update(train)
     model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 1024, "engram_dim": 8}
+    model |= {"engram": True, "dropout": 0.0}
     cfg = config.build("nano", {"model": {**model, **(engram or {})}, "train": values})
     return resolve(cfg, cuda_available=False)
 
@@ -230,6 +232,7 @@ def test_refuses_to_overwrite_a_run(corpus, tmp_path):
 def test_cli_train_resume_and_eval_print_the_eval_line(corpus, tmp_path, capsys):
     run = str(tmp_path / "run")
     common = [
+        "--engram",
         "--engram-rows",
         "1024",
         "--data",
