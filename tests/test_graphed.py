@@ -15,8 +15,9 @@ from dormouse.train.sparse import RowPlan
 
 
 def small_model(**model):
-    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257}
-    values.update({"engram_dim": 8, "engram_layers": "0,1", **model})
+    """Two engram memories (the rows a graph looks up outside its forward) and dropout off."""
+    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram": True, "dropout": 0.0}
+    values.update({"engram_rows": 257, "engram_dim": 8, "engram_layers": "0,1", **model})
     cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     return DormouseLM(cfg.model, seed=3)
 
@@ -127,12 +128,13 @@ def test_random_depth_that_leaves_the_engram_untrained_at_some_depths_is_refused
     # 1 and 2, not at 3; the captured update cannot skip parameters per step as the eager one does (no
     # depth over 1 trains it with min 2 and bptt 1: one set of gradients, allowed)
     train = {"cuda_graph": True, "rand_depth": True, "rand_depth_bptt": 2}
-    with pytest.raises(ConfigError, match="engram and rand_depth_bptt 2 < depth 3"):
-        config.validate(config.build("nano", {"model": {"depth": 3}, "train": train}))
+    with pytest.raises(
+        ConfigError, match="rand_depth_bptt is not built: the engram gets gradients at some sampled depths"
+    ):
+        config.validate(config.build("nano", {"model": {"depth": 3, "engram": True}, "train": train}))
     config.validate(config.build("nano", {"model": {"depth": 3, "engram": False}, "train": train}))
-    config.validate(
-        config.build("nano", {"model": {"depth": 3}, "train": {**train, "rand_depth_min": 2, "rand_depth_bptt": 1}})
-    )
+    one_set = {**train, "rand_depth_min": 2, "rand_depth_bptt": 1}
+    config.validate(config.build("nano", {"model": {"depth": 3, "engram": True}, "train": one_set}))
 
 
 def test_cuda_graph_needs_one_process_on_cuda():

@@ -20,7 +20,9 @@ HYPER = SimpleNamespace(lr=0.01, weight_decay=0.1, sinkhorn_lr_scale=1.0)
 
 
 def model(**fields):
-    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257, **fields}
+    """A small model with the engram on (its tables' sparse update is part of the graph) and dropout off."""
+    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 257}
+    values |= {"engram": True, "dropout": 0.0, **fields}
     cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     return DormouseLM(cfg.model, seed=5)
 
