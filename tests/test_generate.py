@@ -14,7 +14,7 @@ from dormouse.resolve import resolve
 
 
 def tiny_model(sharpen=40.0, **model):
-    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, **model}
+    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram": True, **model}
     cfg = resolve(config.build("nano", {"model": values}), cuda_available=False)
     model = DormouseLM(cfg.model, seed=3).eval()
     with torch.no_grad():  # sharpen the untrained model so greedy choices are not near-ties
@@ -167,7 +167,7 @@ def test_decode_cap_and_threshold_refusals(settings, message):
 
 
 def test_cli_generate_reports_bytes_per_second_and_the_iteration_histogram(tmp_path, capsys):
-    save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
+    save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram": True, "engram_rows": 512})
     argv = ["generate", str(tmp_path), "--ckpt", "last", "--prompt", "ab", "--max-bytes", "5", "--device", "cpu"]
     assert main([*argv, "--gen-max-iter", "1"]) == 0
     err = capsys.readouterr().err
@@ -186,7 +186,7 @@ def test_cli_eval_scores_each_depth_and_the_full_depth_equals_the_plain_eval(tmp
     prepare([tmp_path / "text.txt"], tmp_path / "corpus", heldout_tail=0.25)
     run = tmp_path / "run"
     run.mkdir()
-    cfg = save_untrained_run(run, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
+    cfg = save_untrained_run(run, {"d_model": 32, "n_heads": 2, "engram": True, "engram_rows": 512})
     argv = ["eval", str(run), "--ckpt", "last", "--data", str(tmp_path / "corpus"), "--device", "cpu"]
     assert main(argv) == 0
     plain = re.search(r"bpb=([\d.]+)", capsys.readouterr().out).group(1)

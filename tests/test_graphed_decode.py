@@ -60,7 +60,7 @@ def test_graphed_decoding_is_refused_off_cuda_and_with_speculative():
 
 
 def test_cli_generate_cuda_graph_on_the_cpu_is_refused(tmp_path, capsys):
-    save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram_rows": 512})
+    save_untrained_run(tmp_path, {"d_model": 32, "n_heads": 2, "engram": True, "engram_rows": 512})
     argv = ["generate", str(tmp_path), "--ckpt", "last", "--prompt", "ab", "--device", "cpu", "--cuda-graph"]
     assert main(argv) == 2
     assert "--cuda-graph decodes on CUDA; this model is on cpu" in capsys.readouterr().err
