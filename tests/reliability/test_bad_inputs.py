@@ -145,3 +145,17 @@ def test_generate_refuses_a_temperature_that_is_not_a_finite_number_at_least_0(r
     line = one_error_line(capsys.readouterr().err)
     assert "--temperature must be a finite number >= 0" in line
     assert line.endswith(f"got {float(temperature)}")
+
+
+def test_disk_full_while_logging_is_one_line_and_the_checkpoint_loads(run, monkeypatch, capsys):
+    from dormouse.train import trainer
+
+    def full(path, record):
+        raise no_space(path)
+
+    monkeypatch.setattr(trainer, "append_jsonl", full)
+    assert main(["train", "--resume", str(run), "--steps", "6"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"error: No space left on device: {run / 'metrics.jsonl'}; free space and run again"
+    assert checkpoint.load(run, "last").step == 3
+    assert not (run / ".lock").exists()
