@@ -101,21 +101,25 @@ def _config(*flags):
     return config_flags.config_from_args(build_parser().parse_args(["train", "--data", "D", *flags]))
 
 
+# Sharded tables: the engram on, and no weight average (ema_decay of sharded parameters is refused).
+SHARD = ("--engram", "--engram-shard", "--ema-decay", "0")
+
+
 def test_engram_shard_flag_is_refused_where_it_cannot_apply(monkeypatch):
     assert not _config().train.engram_shard
     with pytest.raises(ConfigError, match=r"engram_shard with engram off \(--engram-shard with --no-engram\)"):
         _config("--engram-shard", "--no-engram")
     with pytest.raises(ConfigError, match=r"engram_shard needs parallel ddp .*--parallel none"):
-        _config("--engram-shard")
+        _config(*SHARD)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert _config("--engram-shard").train.engram_shard
+    assert _config(*SHARD).train.engram_shard
     with pytest.raises(ConfigError, match="engram_shard is built for parallel ddp, not fsdp"):
-        _config("--engram-shard", "--parallel", "fsdp")
+        _config(*SHARD, "--parallel", "fsdp")
 
 
 def test_engram_shard_may_change_on_resume_either_way(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    saved = _config("--engram-shard")
+    saved = _config(*SHARD)
 
     def resume(*flags) -> config.Config:
         return config_flags.resume_config(saved, build_parser().parse_args(["train", "--resume", "RUN", *flags]))

@@ -173,7 +173,7 @@ def test_real_layers_route_by_rules_and_their_declarations():
     assert {g.name for g in groups} == {"matrices", "adamw_no_decay"}
 
 
-# Every parameter of the `small` preset and its group: layer 0 stands for layers 0-3 (same names).
+# Every parameter of the `small` preset with the engram on, and its group: layer 0 stands for layers 0-3.
 SMALL_LAYER = {
     "mixer_norm.weight": "adamw_no_decay",
     "mixer.q_proj.weight": "matrices",
@@ -214,7 +214,7 @@ def test_small_preset_routing_is_pinned():
     from dormouse import config
     from dormouse.model.model import DormouseLM
 
-    model = DormouseLM(resolve(config.build("small"), cuda_available=False).model)
+    model = DormouseLM(resolve(config.build("small", {"model": {"engram": True}}), cuda_available=False).model)
     assert table(route(model)) == SMALL
     adamw = table(route(model, "adamw"))
     assert set(adamw.values()) == {"adamw_decay", "adamw_no_decay", "sparse"}
@@ -240,6 +240,6 @@ def test_small_preset_with_dspark_and_jepa_routing_is_pinned():
     from dormouse import config
     from dormouse.model.model import DormouseLM
 
-    cfg = config.build("small", {"model": {"dspark_weight": 0.1, "jepa_weight": 0.1}})
+    cfg = config.build("small", {"model": {"engram": True, "dspark_weight": 0.1, "jepa_weight": 0.1}})
     model = DormouseLM(resolve(cfg, cuda_available=False).model)
     assert table(route(model)) == SMALL | SMALL_AUX
