@@ -32,7 +32,8 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
 
 
 def test_config_resolves_and_the_model_sets_every_norm():
-    cfg = resolve(config.build("nano", {"model": {"attn_res": True}}), cuda_available=False)
+    arms = {"attn_res": True, "engram": True, "dropout": 0.0}  # the engram's norms too
+    cfg = resolve(config.build("nano", {"model": arms}), cuda_available=False)
     assert cfg.model.norm_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]

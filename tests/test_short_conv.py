@@ -160,7 +160,7 @@ def test_a_decode_step_runs_plain_and_is_counted(fused):
 
 
 def test_config_resolves_and_the_model_sets_every_conv():
-    cfg = resolve(config.build("nano"), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": {"engram": True, "dropout": 0.0}}), cuda_available=False)
     assert cfg.model.conv_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     convs = [m for m in model.modules() if isinstance(m, ShortConv)]

@@ -110,7 +110,7 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
 
 
 def test_config_resolves_and_the_model_sets_every_swiglu():
-    cfg = resolve(config.build("nano"), cuda_available=False)
+    cfg = resolve(config.build("nano", {"model": {"dropout": 0.0}}), cuda_available=False)
     assert cfg.model.swiglu_backend == "plain"
     model = DormouseLM(cfg.model, seed=0)
     ffns = [m for m in model.modules() if isinstance(m, SwiGLU)]
