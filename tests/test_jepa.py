@@ -60,7 +60,9 @@ def test_gradient_reaches_the_predictor_and_the_context_not_the_teacher():
 
 
 def tiny(**extra):
-    model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
+    """A small model with the JEPA term, the engram on and dropout off (the term's numbers are exact)."""
+    model = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram": True, "dropout": 0.0}
+    model["engram_rows"] = 512
     model.update({"engram_dim": 8, "jepa_weight": 0.5, "jepa_span": 4, "jepa_spans": 3, **extra})
     cfg = config.build("nano", {"model": model, "train": {"seq_len": 24}})
     return resolve(cfg, cuda_available=False).model
@@ -88,7 +90,7 @@ def corpus(random_corpus):
 
 def run_config(**model):
     train = {"seq_len": 32, "batch_size": 2, "steps": 4, "warmup_steps": 1, "eval_every": 2, "ckpt_every": 2}
-    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 512}
+    values = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram": True, "engram_rows": 512}
     values.update({"engram_dim": 8, "jepa_weight": 0.5, "dspark_weight": 0.5, "dspark_stride": 8, **model})
     return resolve(config.build("nano", {"model": values, "train": train}), cuda_available=False)
 

@@ -436,7 +436,7 @@ def test_config_wins_over_saved_hyperparameters():
 def test_sparse_group_goes_to_sparse_row_adam_under_both_policies():
     from dormouse.train.sparse import SparseRowAdam
 
-    for opt in ("default", "adamw"):
+    for opt in ("sinkhorn", "adamw"):
         model = Toy()
         model.emb._dormouse_route = "sparse"
         opts = build_optimizers(route(model, opt), cfg())
