@@ -51,4 +51,4 @@ def test_loading_refuses_a_missing_file_or_other_parameters():
 @pytest.mark.parametrize("train", [{"parallel": "fsdp"}, {"engram_shard": True, "parallel": "ddp"}])
 def test_config_refuses_averaging_sharded_parameters(train):
     with pytest.raises(ConfigError, match="ema_decay averages whole parameters"):
-        config.validate(config.build("nano", {"train": {"ema_decay": 0.99, **train}}))
+        config.validate(config.build("nano", {"model": {"engram": True}, "train": {"ema_decay": 0.99, **train}}))

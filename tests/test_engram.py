@@ -460,7 +460,7 @@ def test_the_table_routes_to_the_sparse_group_even_after_a_copy():
 def test_the_eval_counts_rows_distinct_over_the_whole_pass(tmp_path):
     (tmp_path / "text.txt").write_bytes(b"ab" * 64)
     prepare([tmp_path / "text.txt"], tmp_path / "corpus", heldout_tail=0.5)  # held out: "abab…", 64 bytes
-    model_cfg = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16}
+    model_cfg = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram": True}
     engram_cfg = {"engram_orders": "1,2", "engram_heads": 1, "engram_rows": 1009, "engram_layers": "0,1"}
     cfg = resolve(config.build("nano", {"model": {**model_cfg, **engram_cfg}}), cuda_available=False)
     held = heldout_score(
