@@ -54,8 +54,14 @@ from dormouse.evaluation import NonFiniteError
 from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
 
+# The engram on (its tables replicated or sharded), dropout off (a rank draws its own masks, so a parallel run
+# is not one process's with it), the Sinkhorn routing (the matrices FSDP shards with their momentum), no
+# weight average (refused with sharded parameters; the EMA run sets its own), and the schedule, decay and
+# clean bytes test_distributed.py's tolerances were measured with.
 MODEL = {"d_model": 32, "n_heads": 2, "ffn_hidden": 64, "kda_chunk_size": 16, "engram_rows": 1024, "engram_dim": 8}
+MODEL |= {"engram": True, "dropout": 0.0}
 TRAIN = {"seq_len": 32, "batch_size": 4, "steps": 4, "warmup_steps": 2, "eval_every": 2, "ckpt_every": 2}
+TRAIN |= {"opt": "sinkhorn", "ema_decay": 0.0, "lr_floor": 0.1, "weight_decay": 0.1, "byte_noise": 0.0}
 
 
 def tiny_config(model=None, **train):

@@ -45,6 +45,15 @@ REL, ABS = 1e-5, 1e-5
 # every weight within 6.3e-7 absolute of one process (DDP's numbers): the same tolerance.
 
 
+def as_flags(values: dict) -> list[str]:
+    """The command-line flags of config values: --name=value, a bool as --name or --no-name."""
+    flags = []
+    for key, value in values.items():
+        name = key.replace("_", "-")
+        flags.append((f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name}={value}")
+    return flags
+
+
 def torchrun(*args, timeout=120) -> subprocess.CompletedProcess:
     return launch([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *map(str, args)], timeout)
 
@@ -232,7 +241,7 @@ def test_a_nan_on_one_rank_stops_every_rank_at_that_step(runs):
 def test_torchrun_m_dormouse_train_is_the_same_run(runs, corpus, tmp_path):
     """The command line under torchrun: rank 0 alone prints and writes, and the run is the worker's, bitwise."""
     run = runs[2] / "run"
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**MODEL, **TRAIN}.items()]
+    flags = as_flags({**MODEL, **TRAIN})
     done = torchrun("-m", "dormouse", "train", "--data", corpus.root, "--out", tmp_path / "cli", *flags)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("curves: ") == 1 and done.stdout.count("eval step=4 ") == 1
@@ -245,7 +254,7 @@ def test_ctrl_c_to_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(corpu
     """Ctrl-C reaches torchrun, which passes SIGINT to its workers: they agree on one step boundary, eval,
     checkpoint and exit; the run resumes from that step alone."""
     run = tmp_path / "run"
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**MODEL, **TRAIN}.items()]
+    flags = as_flags({**MODEL, **TRAIN})
     flags += ["--steps=400", "--eval-every=1000", "--ckpt-every=1000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     env.pop("WORLD_SIZE", None)
@@ -286,7 +295,7 @@ def test_checkpoints_reload_at_another_world_size_with_the_identical_eval(runs, 
 
 
 def test_fsdp_on_two_ranks_equals_one_process_on_the_same_global_batch(runs):
-    """FSDP2 with the default routing (NesterovSinkhorn on the sharded matrices, AdamW, SparseRowAdam on
+    """FSDP2 with the Sinkhorn routing (NesterovSinkhorn on the sharded matrices, AdamW, SparseRowAdam on
     the replicated engram tables) steps as one process does, within the DDP test's tolerance."""
     single, single_evals, out, _, _ = runs
     run = out / "fsdp"
