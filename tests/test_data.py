@@ -6,6 +6,8 @@ import json
 import os
 import random
 import re
+import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -587,6 +589,30 @@ def test_default_corpus_loser_of_a_prepare_race_uses_the_winner(fake_stdlib, mon
     path = dc.default_corpus_dir()
     assert load_corpus(path).split_size("train") > 0
     assert [p.name for p in path.parent.iterdir()] == [path.name], "the loser's copy was left behind"
+
+
+def test_default_corpus_reports_progress_while_it_prepares(fake_stdlib, monkeypatch, capsys):
+    (fake_stdlib / "big.py").write_bytes(b"x" * (2 * 2**20 - sum(p.stat().st_size for p in fake_stdlib.rglob("*.py"))))
+    real = dc.write_corpus
+
+    def slow(docs, out, **kw):  # half the sources' bytes sit in the temporary folder a while
+        tmp = out.parent / f".{out.name}.tmp-1"
+        tmp.mkdir()
+        (tmp / "train-00000.bin").write_bytes(b"x" * 2**20)
+        time.sleep(0.5)
+        shutil.rmtree(tmp)
+        return real(docs, out, **kw)
+
+    monkeypatch.setattr(dc, "write_corpus", slow)
+    monkeypatch.setattr(dc, "PROGRESS_EVERY", 0.05)
+    path = dc.default_corpus_dir()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"default corpus: preparing 15 stdlib files (2.0 MiB) once, into {path}"
+    assert "default corpus: 1.0 MiB of 2.0 MiB written (0 s)" in lines[1:-1]
+    took = re.fullmatch(r"default corpus: prepared in (\d+\.\d) s", lines[-1])
+    assert took and float(took[1]) >= 0.5
+    dc.default_corpus_dir()
+    assert capsys.readouterr().err == "", "a cached corpus reports nothing"
 
 
 def test_default_corpus_cache_defaults_to_home(fake_stdlib, tmp_path, monkeypatch):
