@@ -315,7 +315,9 @@ def test_a_model_step_on_the_kernels_equals_the_torch_path(monkeypatch):
     # short convs, SwiGLU, the engram gate with its two norms; the other norms stay torch's: fla is not
     # here), against the same model on torch's paths: the wiring (layouts, strides, the stream's joins)
     # with the real kernels. The loss and every dense gradient within fp32's error (summation orders).
-    model_cfg = dataclasses.replace(resolve(build("nano"), cuda_available=False).model, norm_backend="plain")
+    model_cfg = dataclasses.replace(
+        resolve(build("nano"), cuda_available=False).model, norm_backend="plain", engram=True, dropout=0.0
+    )
     monkeypatch.setattr(fused_or_plain, "resolve", lambda requested, device, **_: requested.replace("auto", "fused"))
     ids = torch.randint(0, 256, (1, 32), generator=rng.generator(0, 0, "test"))
     results = {}
