@@ -7,7 +7,8 @@ from untrained_run import save_untrained_run
 
 from dormouse import config, rng
 from dormouse.cli import main
-from dormouse.decode.generate import Decoder, generate
+from dormouse.decode.decoder import Decoder, sample
+from dormouse.decode.generate import generate
 from dormouse.errors import DormouseError
 from dormouse.model.model import DormouseLM
 from dormouse.resolve import resolve
@@ -54,8 +55,6 @@ def test_top_k_one_is_greedy():
 
 def test_sampled_bytes_follow_the_distribution():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1] + [0.0] * 253]) + 1e-30)
-    from dormouse.decode.generate import sample
-
     draws = [int(sample(logits, 1.0, 0, rng.generator(0, i, "decode"))) for i in range(2000)]
     freq = [draws.count(b) / len(draws) for b in range(3)]
     assert freq == pytest.approx([0.7, 0.2, 0.1], abs=0.03)

@@ -11,7 +11,8 @@ from untrained_run import save_untrained_run
 
 from dormouse.cli import main
 from dormouse.decode import graphed
-from dormouse.decode.generate import Decoder, generate
+from dormouse.decode.decoder import Decoder
+from dormouse.decode.generate import generate
 from dormouse.decode.graphed import GraphedDecoder, cache_tensors, check_capturable, with_tensors
 from dormouse.errors import DormouseError
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 
 from dormouse.config import data_shaped_arms, layer_mixers
-from dormouse.decode.generate import Decoder
+from dormouse.decode.decoder import Decoder
 from dormouse.errors import DormouseError
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from dormouse import rng
-from dormouse.decode.generate import Decoder, probabilities, sample
+from dormouse.decode.decoder import Decoder, probabilities, sample
 from dormouse.errors import DormouseError
 
 

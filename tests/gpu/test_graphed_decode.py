@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from dormouse import config  # noqa: E402
-from dormouse.decode.generate import Decoder, sample  # noqa: E402
+from dormouse.decode.decoder import Decoder, sample  # noqa: E402
 from dormouse.decode.graphed import GraphedDecoder  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.resolve import resolve
