@@ -68,7 +68,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from dormouse import checkpoint, run_lock
     from dormouse.config_flags import config_from_args, resume_config
-    from dormouse.distributed import joined
+    from dormouse.parallel.world import joined
     from dormouse.plots import plot_curves
     from dormouse.runs import make_run_dir, open_corpus, run_config, run_corpus
     from dormouse.train.trainer import Trainer

@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from dormouse import counters, ledger
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
-from dormouse.distributed import World
 from dormouse.errors import DormouseError
 from dormouse.model import dspark, fla_kernels, jepa
 from dormouse.model.engram import EngramStats
-from dormouse.model.engram_shard import idle_lookups
-from dormouse.train.parallel import is_sharded
+from dormouse.parallel.engram_shard import idle_lookups
+from dormouse.parallel.fsdp import is_sharded
+from dormouse.parallel.world import World
 
 ALONE = World()  # one process: every collective is the identity
 AUX_TERMS = ("dspark", "jepa")  # the auxiliary objectives the eval scores on the held-out windows

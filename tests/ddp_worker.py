@@ -49,8 +49,8 @@ import torch
 
 from dormouse import config
 from dormouse.data.shards import load_corpus
-from dormouse.distributed import joined
 from dormouse.evaluation import NonFiniteError
+from dormouse.parallel.world import joined
 from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
 
@@ -112,7 +112,7 @@ def train(corpus_dir: str, out: str, single_run: str) -> None:
 
 def fsdp(corpus, out: Path, single_run: str, world) -> None:
     """The `train` mode's FSDP2 part, in the same process group."""
-    from dormouse.train.parallel import gathered
+    from dormouse.parallel.fsdp import gathered
 
     cfg = tiny_config(parallel="fsdp")
     trainer = Trainer(cfg, corpus, out / "fsdp", corpus_note="fsdp test", world=world)

@@ -23,9 +23,9 @@ from dormouse import checkpoint, config_flags
 from dormouse.cli import build_parser, main
 from dormouse.data.sampler import Sampler, heldout_windows, rank_rows
 from dormouse.data.shards import load_corpus
-from dormouse.distributed import joined
 from dormouse.errors import ConfigError
 from dormouse.model.model import ENGRAM_FILE
+from dormouse.parallel.world import joined
 from dormouse.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

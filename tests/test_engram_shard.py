@@ -1,5 +1,5 @@
 """Row-sharded engram tables without torchrun: the partition, and one lookup and its gradient routed
-through the stages of `dormouse.model.engram_shard` for W ranks simulated in one process (the
+through the stages of `dormouse.parallel.engram_shard` for W ranks simulated in one process (the
 all-to-alls done by hand), against the replicated path (nn.Embedding + `average_sparse_grads_`'s sum).
 The collectives themselves run in tests/test_distributed.py::test_sharded_engram_tables_*."""
 
@@ -9,9 +9,9 @@ from torch import nn
 
 from dormouse import config, config_flags
 from dormouse.cli import build_parser
-from dormouse.distributed import World
 from dormouse.errors import ConfigError
-from dormouse.model import engram_shard as es
+from dormouse.parallel import engram_shard as es
+from dormouse.parallel.world import World
 
 
 def test_row_i_lives_on_rank_i_mod_w_and_the_shards_make_up_the_table():

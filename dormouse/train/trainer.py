@@ -26,32 +26,21 @@ from dormouse import checkpoint, counters, ledger, run_lock, runs
 from dormouse.config import Config, layer_mixers
 from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
-from dormouse.distributed import World
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
 from dormouse.model import fla_kernels, precision
 from dormouse.model.dropout import draws_masks, step_generator, step_seed
-from dormouse.model.engram_shard import (
-    gather_shards,
-    local_table_state,
-    shard_tables_,
-    sharded_tables,
-    with_whole_tables,
-)
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
+from dormouse.parallel.ddp import average_sparse_grads_
+from dormouse.parallel.engram_shard import gather_shards, local_table_state, sharded_tables, with_whole_tables
+from dormouse.parallel.fsdp import gathered, is_sharded, shard_optimizer_state_, sharded_model_state
+from dormouse.parallel.parallelize import parallelize
+from dormouse.parallel.world import World
 from dormouse.train.ema import EMA_FILE, WeightAverage
 from dormouse.train.graphed import GraphedStep
 from dormouse.train.graphed_update import GraphedUpdate
-from dormouse.train.parallel import (
-    average_sparse_grads_,
-    data_parallel,
-    gathered,
-    is_sharded,
-    shard_optimizer_state_,
-    sharded_model_state,
-)
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.schedule import lr_multiplier
 from dormouse.train.sparse import clip_grad_norm_
@@ -76,10 +65,9 @@ class Trainer:
         self.device = self.world.device(t.device)
         self.precision_note = precision.apply(t.dtype)  # before any kernel compiles
         self.model = DormouseLM(cfg.model, seed=t.seed).to(self.device)
-        if t.engram_shard:  # each rank keeps its rows of the engram tables (docs/distributed.md)
-            shard_tables_(self.model, self.world)
-        # What a training step calls; under FSDP the model itself, sharded before the optimizers see it.
-        self.replica = data_parallel(self.model, self.world, t.parallel)
+        # What a training step calls; under FSDP the model itself, sharded (and under --engram-shard the
+        # engram tables cut to this rank's rows) before the optimizers see it.
+        self.replica = parallelize(self.model, self.world, t)
         self.groups = route(self.model, t.opt)
         self.opt = build_optimizers(self.groups, t, capturable=t.cuda_graph and t.graph_update)
         self.sampler = Sampler(corpus, t.batch_size, t.seq_len, t.byte_noise, t.byte_noise_source)

@@ -1,9 +1,9 @@
 """Row-sharded engram tables (`--engram-shard` under `--parallel ddp`): rank r of W holds the rows
 i ≡ r (mod W) of every memory's table, and a lookup fetches the rows it needs from their owners.
 
-Applied from outside the model, as DDP is: `shard_tables_(model, world)` replaces each `Engram.table`
-(an `nn.Embedding`) by a `ShardedTable` holding this rank's rows, before the optimizers are built, so
-SparseRowAdam's moments and step counts are this rank's rows too. `Engram._lookup` calls the table as
+Applied from outside the model, as DDP is (`parallelize`): `shard_tables_(model, world)` replaces each
+`Engram.table` (an `nn.Embedding`) by a `ShardedTable` holding this rank's rows, before the optimizers are
+built, so SparseRowAdam's moments and step counts are this rank's rows too. `Engram._lookup` calls the table as
 before; the rest of the model does not know.
 
 Partition: row i (of the one big table, `a·rows + key` for arm a) lives on rank `i mod W`, at local
@@ -26,7 +26,7 @@ Every rank must make the same lookups in the same order (each forward; in the ev
 batch joins with an empty request: `idle_lookups`). Only dense `all_to_all_single`, `all_reduce` and
 `gather` are used (gloo on the CPU has all three; tested there, NCCL never run).
 
-Equal to the replicated path (`train/parallel.py`): the forward's rows are copies, so the forward is
+Equal to the replicated path (`parallel/ddp.py`): the forward's rows are copies, so the forward is
 bitwise. The gradient is summed in the replicated path's order (one `coalesce` of the rank's lookups,
 then the ranks' sums added in rank order and divided by W), so at W = 2 (one addition per row,
 commutative) the table gradients are bitwise. The gradient norm is not: it adds the shards' squared
@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dormouse.distributed import World
 from dormouse.model.engram import Engram
+from dormouse.parallel.world import World
 
 # ---- the partition ---------------------------------------------------------------------------------------
 

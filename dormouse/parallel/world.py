@@ -86,11 +86,6 @@ class World:
         return on_wire.to(tensor.device)
 
 
-def launched_world_size() -> int:
-    """WORLD_SIZE as torchrun sets it; 1 outside torchrun."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 @contextlib.contextmanager
 def joined(train_cfg) -> Iterator[World]:
     """The process group of a resolved TrainConfig's `parallel` for the duration of the block."""
