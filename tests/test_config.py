@@ -207,7 +207,7 @@ def test_auto_dtype_and_cuda_graph_follow_the_device():
 
 def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
     from dormouse.model.attention import CausalSelfAttention
-    from dormouse.model.kda import KDALayer
+    from dormouse.model.kda_layer import KDALayer
     from dormouse.model.model import DormouseLM
 
     hybrid = {"model": {"block_layers": 4, "attention_layers": "3,1"}}

@@ -11,20 +11,11 @@ import torch.nn.functional as F
 from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import counters, ledger, rng
-from dormouse.model import fla_kernels, short_conv
+from dormouse.model import fla_kernels, kda_layer, short_conv
 from dormouse.model import kda as kda_module
-from dormouse.model.kda import (
-    KDA_PARAM_GROUPS,
-    KDALayer,
-    _bounded_chunk,
-    _decayed_scores,
-    kda,
-    kda_chunked,
-    kda_recurrent,
-    l2norm,
-    resolve_kda_backend,
-)
-from dormouse.model.norm import GatedRMSNorm
+from dormouse.model.kda import _bounded_chunk, _decayed_scores, kda, kda_chunked, kda_recurrent, resolve_kda_backend
+from dormouse.model.kda_layer import KDA_PARAM_GROUPS, KDALayer
+from dormouse.model.norm import GatedRMSNorm, l2norm
 
 
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -429,8 +420,7 @@ def test_under_bf16_autocast_the_op_gets_bf16_q_k_v(monkeypatch):
     # CUDA's autocast runs l2norm's sum and rsqrt in fp32 (the CPU's does not: imitated below); q, k
     # would then reach fla in fp32 and it would run its fp32 kernels in a bf16 run.
     seen = {}
-    fp32_norm = kda_module.l2norm
-    monkeypatch.setattr(kda_module, "l2norm", lambda x: fp32_norm(x.float()))
+    monkeypatch.setattr(kda_layer, "l2norm", lambda x: l2norm(x.float()))
 
     def spy(q, k, v, g, beta, **kw):
         seen.update(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype)

@@ -247,7 +247,7 @@ def test_grad_iterations_records_gradients_through_the_last_iterations_only():
     model = DormouseLM(tiny())
     full, last = model(x, y), model(x, y, grad_iterations=1)
     # The same function, fewer gradients. Not the same bits: without gradients a KDA layer projects q, k,
-    # v, ... by one matmul each instead of the packed one (kda.py `_project`), another rounding.
+    # v, ... by one matmul each instead of the packed one (kda_layer.py `_project`), another rounding.
     assert (full.logits - last.logits).abs().max() <= 1e-6 and (full.loss - last.loss).abs() <= 1e-5
     last.loss.backward()
     assert model.engram["0"].table.weight.grad is None  # the memory acts in the first iteration only

@@ -7,7 +7,7 @@ from torch import nn
 from dormouse import rng
 from dormouse.model.attnres import AttnRes
 from dormouse.model.ffn import MoE
-from dormouse.model.kda import KDALayer
+from dormouse.model.kda_layer import KDALayer
 from dormouse.resolve import resolve
 from dormouse.train.routing import describe, route
 

@@ -8,7 +8,7 @@ from dormouse.config import ModelConfig
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.dropout import keep_all
 from dormouse.model.ffn import make_ffn
-from dormouse.model.kda import KDALayer
+from dormouse.model.kda_layer import KDALayer
 from dormouse.model.loop import Branches
 from dormouse.model.norm import RMSNorm
 

@@ -9,7 +9,8 @@ checked call.
 import torch
 
 from dormouse import rng
-from dormouse.model.kda import kda, l2norm
+from dormouse.model.kda import kda
+from dormouse.model.norm import l2norm
 
 
 def make_inputs(shape, dtype, device, seed=0, gate_floor=None):
