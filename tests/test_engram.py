@@ -12,20 +12,9 @@ from dormouse import config, rng
 from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 from dormouse.evaluation import heldout_score
-from dormouse.model import engram as engram_mod
-from dormouse.model.engram import (
-    PAD,
-    Engram,
-    EngramConv,
-    EngramStats,
-    EngramWindow,
-    engram_keys,
-    engram_keys_step,
-    global_rows,
-    hash_params,
-    key_fingerprint,
-    table_rows_touched,
-)
+from dormouse.model import engram_keys as keys_mod
+from dormouse.model.engram import Engram, EngramConv, EngramStats, global_rows, table_rows_touched
+from dormouse.model.engram_keys import PAD, EngramWindow, engram_keys, engram_keys_step, hash_params, key_fingerprint
 from dormouse.model.model import DormouseLM
 from dormouse.resolve import resolve
 from dormouse.train.routing import route
@@ -182,7 +171,7 @@ import json, random, sys
 import numpy as np
 import torch
 torch.manual_seed(987654); random.seed(5); np.random.seed(5); torch.rand(100)
-from dormouse.model.engram import engram_keys
+from dormouse.model.engram_keys import engram_keys
 x = torch.tensor(json.loads(sys.argv[1]))
 print(json.dumps(engram_keys(x, (1, 2, 3, 6), 3, 100003, 11).tolist()))
 """
@@ -193,8 +182,8 @@ def test_keys_are_the_same_in_another_process_and_ignore_the_global_rng():
     out = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(x.tolist())], capture_output=True, text=True, check=True
     )
-    engram_mod._hash_params.cache_clear()
-    engram_mod._hash_tensors.cache_clear()
+    keys_mod._hash_params.cache_clear()
+    keys_mod._hash_tensors.cache_clear()
     torch.manual_seed(1)
     state = torch.random.get_rng_state()
     here = engram_keys(x, (1, 2, 3, 6), 3, 100003, 11)

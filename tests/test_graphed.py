@@ -148,7 +148,7 @@ def test_cuda_graph_needs_one_process_on_cuda():
 def test_the_look_up_before_a_replay_does_not_sync_on_the_bytes(monkeypatch):
     # A range check of the batch's bytes (a host sync on CUDA) before each replay made the host wait for
     # the previous update: the look-up hashes the sampler's bytes unchecked, to the same keys.
-    from dormouse.model import engram
+    from dormouse.model import engram, engram_keys
 
     model = small_model()
     x, _ = batch()
@@ -157,7 +157,7 @@ def test_the_look_up_before_a_replay_does_not_sync_on_the_bytes(monkeypatch):
     def sync(x, name):
         raise AssertionError("the look-up checked the bytes' range")
 
-    monkeypatch.setattr(engram, "_check_bytes", sync)
+    monkeypatch.setattr(engram_keys, "_check_bytes", sync)
     rows = {j: torch.zeros(*x.shape, m.arms, m.dim) for j, m in model.memories()}
     looked_up = look_up_rows_(model, x, rows)
     assert looked_up.keys() == expected.keys()

@@ -29,7 +29,8 @@ from dormouse.errors import CheckpointError
 from dormouse.model.attnres import AttnRes
 from dormouse.model.dropout import branch_drop_of, dropout_of, keep_all
 from dormouse.model.dspark import DraftHead, dspark_term
-from dormouse.model.engram import Engram, EngramCache, EngramStats, EngramWindow, check_byte_dtype
+from dormouse.model.engram import Engram, EngramCache, EngramStats
+from dormouse.model.engram_keys import EngramWindow, check_byte_dtype
 from dormouse.model.ffn import set_swiglu_backend
 from dormouse.model.init import normal_init_
 from dormouse.model.jepa import Predictor, jepa_term

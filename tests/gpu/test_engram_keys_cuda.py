@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from dormouse import rng  # noqa: E402
-from dormouse.model.engram import EngramWindow, engram_keys, engram_keys_step  # noqa: E402
+from dormouse.model.engram_keys import EngramWindow, engram_keys, engram_keys_step  # noqa: E402
 
 ORDERS, HEADS, ROWS, SEED = (2, 3, 4), 2, 65536, 10007  # the `small` preset's memory (rows), a layer's seed
 
