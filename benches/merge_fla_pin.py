@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.model.fla_kernels import UNPINNED_FILE
+from dormouse.model.fla_pin import UNPINNED_FILE
 
 PIN = Path(__file__).resolve().parents[1] / "dormouse/model/fla_configs/NVIDIA_H200"
 

@@ -23,7 +23,7 @@ from dormouse import counters, ledger
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import DormouseError
-from dormouse.model import dspark, fla_kernels, jepa
+from dormouse.model import dspark, fla_pin, jepa
 from dormouse.model.engram import EngramStats
 from dormouse.parallel.engram_shard import idle_lookups
 from dormouse.parallel.fsdp import is_sharded
@@ -146,7 +146,7 @@ def _united(engram: EngramStats | None, world: World) -> EngramStats | None:
 
 def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, stress) -> dict:
     """One eval as a dict (metrics.jsonl); `eval_line` prints it. Kernel and fallback counters are read here."""
-    fla_kernels.count_unpinned()  # kernel choices made by timing since the last eval join `fallbacks=`
+    fla_pin.count_unpinned()  # kernel choices made by timing since the last eval join `fallbacks=`
     record = {
         "kind": "eval",
         "step": step,

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dormouse import config, ledger, rng
 from dormouse.cli import main
 from dormouse.errors import ConfigError
-from dormouse.model import fla_kernels
+from dormouse.model import fla_pin
 from dormouse.model.model import DormouseLM
 from dormouse.resolve import resolve
 from dormouse.tools.bench import device, profiling, provenance
@@ -318,7 +318,7 @@ def test_compile_wraps_what_the_step_calls_and_refuses_an_eager_timing(corpus_di
 def test_fla_kernel_choices_not_from_the_pin_join_the_logs_fallbacks(corpus_dir, tmp_path, monkeypatch):
     """A bench with an empty fla config folder autotunes every kernel: its log must not say `fallbacks 0`.
     The bench counts those choices (on the CPU none are made: a stand-in counts one)."""
-    monkeypatch.setattr(fla_kernels, "count_unpinned", lambda: ledger.count(fla_kernels.UNPINNED))
+    monkeypatch.setattr(fla_pin, "count_unpinned", lambda: ledger.count(fla_pin.UNPINNED))
     history, logs = tmp_path / "history.tsv", tmp_path / "logs"
     argv = ["bench", "--data", str(corpus_dir), *TINY, "--steps", "1", "--warmup", "1"]
     assert main([*argv, "--history", str(history), "--log-dir", str(logs)]) == 0

@@ -1,4 +1,4 @@
-"""Which fla kernel choices a card reads (fla_kernels.kernel_source), on the CPU with made-up card names:
+"""Which fla kernel choices a card reads (fla_pin.kernel_source), on the CPU with made-up card names:
 its own committed pin; else a pin of the same compute capability, through its user cache; else its user
 cache; else Triton times every kernel once and the user cache keeps the choices at exit."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dormouse import ledger
-from dormouse.model import fla_kernels
-from dormouse.model.fla_kernels import BORROWED, CONFIG_ROOT, kernel_source
+from dormouse.model import fla_pin
+from dormouse.model.fla_pin import BORROWED, CONFIG_ROOT, kernel_source
 
 H200 = CONFIG_ROOT / "NVIDIA_H200"  # the committed pin the fake cards of capability 9.0 borrow
 PINS = {"NVIDIA_H200": (9, 0)}
@@ -22,7 +22,7 @@ def entry(key: list, block: int) -> dict:
 
 
 def written(key: list, block: int) -> dict:
-    """`entry` as store_new_choices writes it (fla_kernels.config_entry: a triton.Config's every field)."""
+    """`entry` as store_new_choices writes it (fla_pin.config_entry: a triton.Config's every field)."""
     e = entry(key, block)
     return {**e, "config": {**e["config"], "maxnreg": None, "ir_override": None}}
 
@@ -30,12 +30,12 @@ def written(key: list, block: int) -> dict:
 def applied(source) -> tuple[dict, list, int]:
     """(the environment fla would see, the exit hooks registered, fla.borrowed_pin's count) after `_apply`."""
     env, hooks, before = {}, [], ledger.COUNTS[BORROWED]
-    fla_kernels._apply(source, env, lambda fn, *args: hooks.append((fn, args)))
+    fla_pin._apply(source, env, lambda fn, *args: hooks.append((fn, args)))
     return env, hooks, ledger.COUNTS[BORROWED] - before
 
 
 def test_every_committed_pin_has_its_cards_capability():
-    assert set(fla_kernels.PIN_CAPABILITY) == {p.name for p in CONFIG_ROOT.iterdir() if p.is_dir()}
+    assert set(fla_pin.PIN_CAPABILITY) == {p.name for p in CONFIG_ROOT.iterdir() if p.is_dir()}
 
 
 def test_a_card_with_its_own_pin_reads_it_and_keeps_nothing(tmp_path):
@@ -66,7 +66,7 @@ def test_a_card_of_the_same_capability_borrows_the_pin_through_its_user_cache(tm
     )
     env, hooks, borrowed = applied(source)
     assert env == {"FLA_CONFIG_DIR": str(cache), "FLA_CACHE_MODE": "fuzzy"} and borrowed == 1
-    assert hooks == [(fla_kernels.store_new_choices, (cache,))]  # what this card times lands in its cache
+    assert hooks == [(fla_pin.store_new_choices, (cache,))]  # what this card times lands in its cache
     assert sorted(p.name for p in cache.glob("*.json")) == sorted(p.name for p in H200.glob("*.json"))
     merged = json.loads((cache / f"{kernel}.json").read_text())["autotune_entries"]
     assert list(merged) == [*pinned, "own"]  # the pin's first, in its order: fla's fuzzy lookup takes the first
@@ -79,10 +79,10 @@ def test_a_card_of_the_same_capability_borrows_the_pin_through_its_user_cache(tm
 
 def test_the_nearest_pin_of_a_capability_shares_the_longest_name_start():
     pins = {"NVIDIA_H200": (9, 0), "NVIDIA_H100_80GB_HBM3": (9, 0), "NVIDIA_A100_SXM4_80GB": (8, 0)}
-    assert fla_kernels.nearest_pin("NVIDIA H100 PCIe", (9, 0), pins) == "NVIDIA_H100_80GB_HBM3"
-    assert fla_kernels.nearest_pin("NVIDIA GH200 480GB", (9, 0), pins) == "NVIDIA_H100_80GB_HBM3"  # a tie: by name
-    assert fla_kernels.nearest_pin("NVIDIA A100-PCIE-40GB", (8, 0), pins) == "NVIDIA_A100_SXM4_80GB"
-    assert fla_kernels.nearest_pin("NVIDIA H200", (8, 9), pins) is None  # a name alone borrows nothing
+    assert fla_pin.nearest_pin("NVIDIA H100 PCIe", (9, 0), pins) == "NVIDIA_H100_80GB_HBM3"
+    assert fla_pin.nearest_pin("NVIDIA GH200 480GB", (9, 0), pins) == "NVIDIA_H100_80GB_HBM3"  # a tie: by name
+    assert fla_pin.nearest_pin("NVIDIA A100-PCIE-40GB", (8, 0), pins) == "NVIDIA_A100_SXM4_80GB"
+    assert fla_pin.nearest_pin("NVIDIA H200", (8, 9), pins) is None  # a name alone borrows nothing
 
 
 def test_another_capability_reads_its_user_cache_else_autotunes_once_into_it(tmp_path):
@@ -96,15 +96,15 @@ def test_another_capability_reads_its_user_cache_else_autotunes_once_into_it(tmp
     assert f"the choices are written to {cache} at exit" in source.note and "`dormouse tune`" in source.note
     env, hooks, borrowed = applied(source)
     assert env == {"FLA_CONFIG_DIR": str(cache), "FLA_CACHE_MODE": "fuzzy"} and borrowed == 0
-    assert hooks == [(fla_kernels.store_new_choices, (cache,))] and not cache.exists()
+    assert hooks == [(fla_pin.store_new_choices, (cache,))] and not cache.exists()
 
     cache.mkdir(parents=True)
-    (cache / fla_kernels.UNPINNED_FILE).write_text("[]")  # a report, not a choice
+    (cache / fla_pin.UNPINNED_FILE).write_text("[]")  # a report, not a choice
     assert kernel_source("Fake GPU Y8", (8, 9), home, PINS).rule == "autotune"
     (cache / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": {"h": entry([1], 32)}}))
     source = kernel_source("Fake GPU Y8", (8, 9), home, PINS)
     assert (source.rule, source.read, source.store) == ("cache", cache, cache)
-    assert applied(source)[1] == [(fla_kernels.store_new_choices, (cache,))]
+    assert applied(source)[1] == [(fla_pin.store_new_choices, (cache,))]
 
 
 def test_the_user_cache_is_under_xdg_cache_home_when_it_is_absolute(tmp_path):
@@ -137,23 +137,23 @@ def test_the_header_line_and_the_ledger_on_a_card_that_borrows(tmp_path, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU X9")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG", "FLA_FLASH_KDA", fla_kernels.DUMP_ENV):
+    for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG", "FLA_FLASH_KDA", fla_pin.DUMP_ENV):
         monkeypatch.setenv(name, "")  # recorded, so that the undo removes what pin_note sets
         monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     hooks = []
-    monkeypatch.setattr(fla_kernels, "atexit", SimpleNamespace(register=lambda fn, *args: hooks.append((fn, args))))
-    monkeypatch.setattr(fla_kernels, "_note", None)
+    monkeypatch.setattr(fla_pin, "atexit", SimpleNamespace(register=lambda fn, *args: hooks.append((fn, args))))
+    monkeypatch.setattr(fla_pin, "_note", None)
     monkeypatch.setattr(ledger, "COUNTS", ledger.COUNTS.copy())
     ledger.COUNTS.clear()
 
-    note = fla_kernels.pin_note()
+    note = fla_pin.pin_note()
     cache = tmp_path / "dormouse/kernels/Fake_GPU_X9"
     assert note.startswith("fla kernel configs: no pin for Fake GPU X9; borrowed from NVIDIA_H200 (same compute")
-    assert "\n" not in note and fla_kernels.pin_note() is note  # once a process
+    assert "\n" not in note and fla_pin.pin_note() is note  # once a process
     assert ledger.counted_summary() == "1(fla.borrowed_pin:1)"
-    assert hooks == [(fla_kernels.store_new_choices, (cache,))]
-    assert fla_kernels.os.environ["FLA_CONFIG_DIR"] == str(cache)
+    assert hooks == [(fla_pin.store_new_choices, (cache,))]
+    assert fla_pin.os.environ["FLA_CONFIG_DIR"] == str(cache)
 
 
 def test_choices_the_files_did_not_make_are_appended_to_the_user_cache_once(tmp_path, monkeypatch):
@@ -182,19 +182,19 @@ def test_choices_the_files_did_not_make_are_appended_to_the_user_cache_once(tmp_
         ("k", SimpleNamespace(cache={(64,): config(32), (128,): config(16)})),
         ("j", SimpleNamespace(cache={(8,): config(8)})),
     ]
-    monkeypatch.setattr(fla_kernels, "_autotuners", lambda: iter(tuners))
-    monkeypatch.setattr(fla_kernels, "_stored", set())
+    monkeypatch.setattr(fla_pin, "_autotuners", lambda: iter(tuners))
+    monkeypatch.setattr(fla_pin, "_stored", set())
 
-    assert fla_kernels.store_new_choices(cache) == {"k.json": 1, "j.json": 1}
+    assert fla_pin.store_new_choices(cache) == {"k.json": 1, "j.json": 1}
     k = json.loads((cache / "k.json").read_text())
     assert list(k["autotune_entries"]) == ["h64", "h128"] and k["triton_version"] == "3.6.0"
     assert k["autotune_entries"]["h128"] == written([128], 16) and k["autotune_entries"]["h64"] == cached["k"]["h64"]
     assert json.loads((cache / "j.json").read_text())["autotune_entries"] == {"h8": written([8], 8)}
-    assert fla_kernels.store_new_choices(cache) == {}  # fla still reads the files as they were: already added
+    assert fla_pin.store_new_choices(cache) == {}  # fla still reads the files as they were: already added
     assert sorted(p.name for p in cache.iterdir()) == ["j.json", "k.json"]  # no partial file left
 
 
 def test_a_damaged_user_cache_file_is_named(tmp_path):
     (tmp_path / "l2norm_fwd_kernel.json").write_text("{")
-    with pytest.raises(fla_kernels.DormouseError, match="l2norm_fwd_kernel.json is not a file of fla kernel choices"):
-        fla_kernels.merge_pin(H200, tmp_path)
+    with pytest.raises(fla_pin.DormouseError, match="l2norm_fwd_kernel.json is not a file of fla kernel choices"):
+        fla_pin.merge_pin(H200, tmp_path)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dormouse.model import fla_kernels
+from dormouse.model import fla_kernels, fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 from merge_fla_pin import merge  # noqa: E402
@@ -34,13 +34,13 @@ def test_dump_names_each_unpinned_choice_with_what_the_pin_had(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", cache)
     monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.6.0"))
     tuner = SimpleNamespace(cache={(64,): config(64), (128,): config(16)})
-    monkeypatch.setattr(fla_kernels, "_autotuners", lambda: iter([("k", tuner)]))
-    monkeypatch.setattr(fla_kernels, "_counted", {})
+    monkeypatch.setattr(fla_pin, "_autotuners", lambda: iter([("k", tuner)]))
+    monkeypatch.setattr(fla_pin, "_counted", {})
 
-    assert fla_kernels.count_unpinned() == 2  # 64: not the pin's config; 128: no entry
-    fla_kernels.dump_choices(tmp_path)
+    assert fla_pin.count_unpinned() == 2  # 64: not the pin's config; 128: no entry
+    fla_pin.dump_choices(tmp_path)
 
-    unpinned = json.loads((tmp_path / fla_kernels.UNPINNED_FILE).read_text())
+    unpinned = json.loads((tmp_path / fla_pin.UNPINNED_FILE).read_text())
     assert [(u["autotune_key"], u["chosen"]["kwargs"], u["pinned"]) for u in unpinned] == [
         ([128], {"BT": 16}, None),
         ([64], {"BT": 64}, entry(32)),
@@ -69,10 +69,10 @@ def test_triton_autotuners_in_fla_become_pin_reading_ones(monkeypatch):
     module = SimpleNamespace(a=plain, b=cached, c=wrapped, d=3)
     monkeypatch.setitem(sys.modules, "fla.modules.norm.layernorm", module)
 
-    assert fla_kernels.pin_plain_autotuners() == 2
+    assert fla_pin.pin_plain_autotuners() == 2
     assert [type(t) for t in (plain, cached, wrapped.fn)] == [CachedAutotuner] * 3
     assert (plain.kernel_name, wrapped.fn.kernel_name) == ("layer_norm_fwd_kernel", "layer_norm_bwd_kernel")
-    assert fla_kernels.pin_plain_autotuners() == 0  # once is enough
+    assert fla_pin.pin_plain_autotuners() == 0  # once is enough
 
 
 def test_no_gpu_test_or_bench_imports_fla_before_the_pin_is_set():
@@ -160,6 +160,6 @@ def test_flas_optional_backends_stay_off_unless_the_user_turns_one_on(monkeypatc
     monkeypatch.setenv("FLA_TILELANG", "")  # recorded, so that the undo removes what the call sets
     monkeypatch.delenv("FLA_TILELANG")
     monkeypatch.setenv("FLA_FLASH_KDA", "1")
-    note = fla_kernels._backend_environment()
+    note = fla_pin._backend_environment()
     assert os.environ["FLA_TILELANG"] == "0" and os.environ["FLA_FLASH_KDA"] == "1"
     assert note == "fla backends: FLA_TILELANG=0, FLA_FLASH_KDA=1 (set by the user)"

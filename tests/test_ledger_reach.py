@@ -140,21 +140,21 @@ def memory_enforced(tmp: Path, monkeypatch) -> None:
 def fla_unpinned(tmp: Path, monkeypatch) -> None:
     # fla and Triton exist only on the GPU machine: a stand-in autotuner holds one kernel choice, and a
     # stand-in of fla's config lookup finds no pinned entry for it (what fla returns for an unpinned key).
-    from dormouse.model import fla_kernels
+    from dormouse.model import fla_pin
 
     lookup = SimpleNamespace(AutotuneKey=lambda key: key, load_cached_config=lambda kernel, key: None)
     monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", lookup)
-    monkeypatch.setattr(fla_kernels, "_autotuners", lambda: iter([("kernel", SimpleNamespace(cache={("key",): 0}))]))
-    monkeypatch.setattr(fla_kernels, "_counted", {})
-    fla_kernels.count_unpinned()
+    monkeypatch.setattr(fla_pin, "_autotuners", lambda: iter([("kernel", SimpleNamespace(cache={("key",): 0}))]))
+    monkeypatch.setattr(fla_pin, "_counted", {})
+    fla_pin.count_unpinned()
 
 
 def fla_borrowed_pin(tmp: Path, monkeypatch) -> None:
     # A made-up card of the H200's compute capability, with no pin of its own, borrows the H200's.
-    from dormouse.model import fla_kernels
+    from dormouse.model import fla_pin
 
-    source = fla_kernels.kernel_source("Fake GPU X9", (9, 0), {"HOME": str(tmp)})
-    fla_kernels._apply(source, {}, lambda *hook: None)
+    source = fla_pin.kernel_source("Fake GPU X9", (9, 0), {"HOME": str(tmp)})
+    fla_pin._apply(source, {}, lambda *hook: None)
 
 
 TRIGGERS = {

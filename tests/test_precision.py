@@ -9,7 +9,7 @@ import torch
 
 from dormouse import config, ledger
 from dormouse.errors import ConfigError
-from dormouse.model import fla_kernels, precision
+from dormouse.model import fla_pin, precision
 from dormouse.resolve import resolve
 
 
@@ -70,9 +70,9 @@ def test_unknown_dtype_and_cpu_only_fp32():
 
 def test_fla_pin_folder_names_follow_fla():
     # fla.ops.utils.cache.sanitize_gpu_name: runs of non-alphanumerics become one underscore
-    assert fla_kernels.gpu_dir_name("NVIDIA H200") == "NVIDIA_H200"
-    assert fla_kernels.gpu_dir_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
-    assert fla_kernels.gpu_dir_name("  --  ") == "unknown_gpu"
+    assert fla_pin.gpu_dir_name("NVIDIA H200") == "NVIDIA_H200"
+    assert fla_pin.gpu_dir_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
+    assert fla_pin.gpu_dir_name("  --  ") == "unknown_gpu"
 
 
 def test_committed_fla_pin_files_are_in_flas_format():
@@ -80,7 +80,7 @@ def test_committed_fla_pin_files_are_in_flas_format():
     import hashlib
     import json
 
-    files = sorted(fla_kernels.CONFIG_ROOT.glob("*/*.json"))
+    files = sorted(fla_pin.CONFIG_ROOT.glob("*/*.json"))
     assert files, "no committed pin"
     for path in files:
         data = json.loads(path.read_text())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dormouse.cli import main
-from dormouse.model import fla_kernels
+from dormouse.model import fla_pin
 from dormouse.train import trainer
 
 # fla and Triton exist only on the GPU machine: the stand-in card runs the config with torch's kernels.
@@ -54,12 +54,10 @@ def fake_card(monkeypatch):
 
 def test_tune_runs_the_configs_steps_and_eval_and_writes_to_the_cards_cache(fake_card, capsys, monkeypatch, tmp_path):
     cache = tmp_path / "dormouse/kernels/Fake_GPU_Y8"
-    source = fla_kernels.KernelSource("autotune", cache, cache, None, "note")
-    monkeypatch.setattr(fla_kernels, "applied_source", lambda: source)
+    source = fla_pin.KernelSource("autotune", cache, cache, None, "note")
+    monkeypatch.setattr(fla_pin, "applied_source", lambda: source)
     found = iter([{"k.json": 3}, {"k.json": 1, "j.json": 2}])  # after the steps, after the eval
-    monkeypatch.setattr(
-        fla_kernels, "store_new_choices", lambda folder: fake_card.append(("store", folder)) or next(found)
-    )
+    monkeypatch.setattr(fla_pin, "store_new_choices", lambda folder: fake_card.append(("store", folder)) or next(found))
 
     argv = ["tune", "--preset", "nano", "--batch-size", "6", "--seq-len", "64", *TORCH_KERNELS]
     assert main(argv) == 0
@@ -75,11 +73,11 @@ def test_tune_into_a_folder_reads_it_and_refuses_the_users_fla_variables(fake_ca
         monkeypatch.setenv(name, "")  # recorded, so that the undo removes what tune sets
         monkeypatch.delenv(name)
     user = SimpleNamespace(store=None, note="set by the user")
-    monkeypatch.setattr(fla_kernels, "applied_source", lambda: user)
-    monkeypatch.setattr(fla_kernels, "store_new_choices", lambda folder: fake_card.append(("store", folder)) or {})
+    monkeypatch.setattr(fla_pin, "applied_source", lambda: user)
+    monkeypatch.setattr(fla_pin, "store_new_choices", lambda folder: fake_card.append(("store", folder)) or {})
     pin = tmp_path / "pin"
     assert main(["tune", "--preset", "nano", "--into", str(pin), *TORCH_KERNELS]) == 0
-    assert fla_kernels.os.environ["FLA_CONFIG_DIR"] == str(pin) and fla_kernels.os.environ["FLA_CACHE_MODE"] == "fuzzy"
+    assert fla_pin.os.environ["FLA_CONFIG_DIR"] == str(pin) and fla_pin.os.environ["FLA_CACHE_MODE"] == "fuzzy"
     assert [what for what in fake_card if what[0] == "store"] == [("store", pin)] * 2
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == f"tune: every kernel choice was already in {pin}: nothing new to write"
@@ -88,9 +86,9 @@ def test_tune_into_a_folder_reads_it_and_refuses_the_users_fla_variables(fake_ca
 
 
 def test_tune_on_a_card_with_its_own_pin_writes_nothing(fake_card, capsys, monkeypatch):
-    pin = fla_kernels.KernelSource("pin", fla_kernels.CONFIG_ROOT / "Fake_GPU_Y8", None, None, "pinned from X")
-    monkeypatch.setattr(fla_kernels, "applied_source", lambda: pin)
-    monkeypatch.setattr(fla_kernels, "unpinned_choices", lambda: iter([("k", (1,), None, None)]))
+    pin = fla_pin.KernelSource("pin", fla_pin.CONFIG_ROOT / "Fake_GPU_Y8", None, None, "pinned from X")
+    monkeypatch.setattr(fla_pin, "applied_source", lambda: pin)
+    monkeypatch.setattr(fla_pin, "unpinned_choices", lambda: iter([("k", (1,), None, None)]))
     assert main(["tune", "--preset", "nano", *TORCH_KERNELS]) == 0
     assert [what[0] for what in fake_card] == ["trainer", "step", "step", "eval"]
     last = capsys.readouterr().out.splitlines()[-1]

@@ -28,7 +28,7 @@ from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
-from dormouse.model import fla_kernels, precision
+from dormouse.model import fla_kernels, fla_pin, precision
 from dormouse.model.dropout import draws_masks, step_generator, step_seed
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
@@ -161,7 +161,7 @@ class Trainer:
             self.log("mixers of the block layers: " + ", ".join(f"{i}:{k}" for i, k in enumerate(layer_mixers(m))))
         fused = (m.norm_backend, m.swiglu_backend, m.conv_backend if has_conv else "off")
         if backend == "fla" or "fused" in fused:
-            self.log(fla_kernels.pin_note())
+            self.log(fla_pin.pin_note())
         self.log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
         self.log(describe(self.groups))
         self.log("config: " + json.dumps(self.cfg.to_dict(), sort_keys=True))

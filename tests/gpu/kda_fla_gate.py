@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
 
 from dormouse.config import ModelConfig  # noqa: E402
-from dormouse.model import fla_kernels, precision  # noqa: E402
+from dormouse.model import fla_pin, precision  # noqa: E402
 from dormouse.model.kda import fla_options, kda, kda_recurrent  # noqa: E402
 from dormouse.tools.bench import fla_version  # noqa: E402
 from dormouse.tools.kda_op import forward_backward, make_inputs  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> int:
 
     shape = tuple(int(n) for n in args.shape.split(",")) if args.shape else SHAPE
     precision_note = precision.apply(args.dtype)
-    print(f"{args.dtype}: {precision_note}; {fla_kernels.pin_note()}", flush=True)
+    print(f"{args.dtype}: {precision_note}; {fla_pin.pin_note()}", flush=True)
     errors, norms, digest = compare_fla(args.dtype, shape, options=options)
     tol = TOLERANCE[args.dtype]
     print(f"{args.dtype}: fla vs float64 recurrence at B,T,H,K={shape} (gate: max|d|/max|ref| <= {tol:g})")
@@ -95,11 +95,11 @@ def main() -> int:
     for tensor, err in errors.items():
         print(f"  {tensor:12s} {err:16.3e} {norms[tensor]:10.3e}  {'OVER' if tensor in over else 'ok'}")
     print(f"  sha256 of fla outputs+grads: {digest}")
-    print(f"  kernel choices not from the pin: {fla_kernels.count_unpinned()}")
+    print(f"  kernel choices not from the pin: {fla_pin.count_unpinned()}")
     report = {
         "dtype": args.dtype,
         "precision": precision_note,
-        "pin": fla_kernels.pin_note(),
+        "pin": fla_pin.pin_note(),
         "shape_BTHK": shape,
         "fla_options": options,
         "gpu": torch.cuda.get_device_name(),

@@ -12,7 +12,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 # fla through dormouse, never directly (see test_graphed_step.py).
-from dormouse.model import fla_kernels  # noqa: E402
+from dormouse.model import fla_kernels, fla_pin  # noqa: E402
 
 if fla_kernels.chunk_kda()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.chunk_kda()[1]}", allow_module_level=True)
@@ -27,12 +27,12 @@ def test_every_fla_autotuner_reads_the_pin():
     from fla.ops.utils.cache import CachedAutotuner
 
     fla_kernels.rms_norm()  # the layer norms' module, whose autotuners are Triton's own in fla 0.6.0
-    plain = [kernel for kernel, tuner in fla_kernels._autotuners() if not isinstance(tuner, CachedAutotuner)]
+    plain = [kernel for kernel, tuner in fla_pin._autotuners() if not isinstance(tuner, CachedAutotuner)]
     assert plain == []
 
 
 def test_the_recipes_shape_chooses_no_kernel_by_timing(random_corpus, tmp_path):
-    fla_kernels.count_unpinned()  # choices of earlier tests in this process are theirs
+    fla_pin.count_unpinned()  # choices of earlier tests in this process are theirs
     recipe = config.load_toml(Path(__file__).parents[2] / "configs/tinyshakespeare.toml")["train"]
     shape = {"seq_len": recipe["seq_len"], "batch_size": recipe["batch_size"]}
     cfg = config.build(
@@ -44,4 +44,4 @@ def test_the_recipes_shape_chooses_no_kernel_by_timing(random_corpus, tmp_path):
     )
     corpus = load_corpus(random_corpus(40000, repeats=2))
     Trainer(resolve(cfg), corpus, tmp_path / "run", corpus_note="test corpus").run_loop()
-    assert fla_kernels.count_unpinned() == 0
+    assert fla_pin.count_unpinned() == 0

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from dormouse.model import fla_kernels
+from dormouse.model import fla_pin
 from dormouse.tools.bench.baseline_models import ROW_NAMES, baseline_step, n_layers
 from dormouse.tools.bench.device import device_slug, peak_memory
 from dormouse.tools.bench.flops import count_baseline_flops
@@ -38,7 +38,7 @@ def bench_baseline(ctx: BenchContext, name: str) -> tuple[dict[str, str], Path]:
     source = "dormouse/tools/bench/baseline_models.py"
     log.append(f"---- baseline {model_name} ({arms_cell}): {source}; random bytes, stream `bench`")
     if name == "fla-kda":
-        log.append(fla_kernels.pin_note())
+        log.append(fla_pin.pin_note())
     model, step = baseline_step(name, cfg, device, compiled=ctx.compiled)
     flops = count_baseline_flops(model, cfg, name)
     params = sum(p.numel() for p in model.parameters())
@@ -47,7 +47,7 @@ def bench_baseline(ctx: BenchContext, name: str) -> tuple[dict[str, str], Path]:
     times = time_steps(step, 0, warmup, "warmup", device, log)
     times += time_steps(step, warmup, steps, "timed", device, log)
     mem_gib, mem_source = peak_memory(device)
-    unpinned = fla_kernels.count_unpinned() if name == "fla-kda" else None
+    unpinned = fla_pin.count_unpinned() if name == "fla-kda" else None
     dynamo = dynamo_stats() if ctx.compiled else None
     profile = profile_steps(step, warmup + steps, profiled, device) if profiled else None
     del model, step

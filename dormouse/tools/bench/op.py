@@ -13,7 +13,7 @@ import torch
 from dormouse import counters
 from dormouse.config import Config
 from dormouse.errors import ConfigError
-from dormouse.model import fla_kernels, precision
+from dormouse.model import fla_pin, precision
 from dormouse.tools.bench.device import (
     device_name,
     device_slug,
@@ -91,10 +91,10 @@ def bench_kda_op(cfg: Config, *, steps: int, warmup: int, note: str, log_dir: Pa
         "command: " + shlex.join(["dormouse", *sys.argv[1:]]),
         f"commit: {commit}",
         f"device: {device_name(device)}; torch {torch.__version__}; fla {fla_version()}; {precision_note}",
-        *([fla_kernels.pin_note()] if m.kda_backend == "fla" else []),
+        *([fla_pin.pin_note()] if m.kda_backend == "fla" else []),
         f"op: kda forward+backward, backend {m.kda_backend}, B,T,H,K={shape}, {t.dtype}, chunk {C}",
         *(f"call {i} {'warmup' if i < warmup else 'timed'} ms={x * 1000:.3f}" for i, x in enumerate(times)),
-        f"kernel choices not from the pin: {fla_kernels.count_unpinned() if m.kda_backend == 'fla' else '-'}",
+        f"kernel choices not from the pin: {fla_pin.count_unpinned() if m.kda_backend == 'fla' else '-'}",
         f"peak used for MFU: {peak:.4g} TFLOP/s ({peak_source}); matmul measured {measured:.4g} TFLOP/s",
         "---- row",
         *(f"{k}\t{v}" for k, v in row.items()),

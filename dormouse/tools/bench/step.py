@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from dormouse import counters, ledger
-from dormouse.model import fla_kernels
+from dormouse.model import fla_pin
 from dormouse.tools.bench.device import device_slug, peak_memory
 from dormouse.tools.bench.flops import count_flops
 from dormouse.tools.bench.profiling import profile_steps
@@ -65,7 +65,7 @@ def bench_step(ctx: BenchContext, data) -> tuple[dict[str, str], Path]:
         counters.reset_all()
         times += time_steps(trainer.train_step, warmup, steps, "timed", device, log)
         counts["timed"] = counters.line()
-        fla_kernels.count_unpinned()  # fla kernel choices the pin did not make join the fallbacks line
+        fla_pin.count_unpinned()  # fla kernel choices the pin did not make join the fallbacks line
         fallbacks = ledger.counted_summary()
         dynamo = dynamo_stats() if ctx.compiled else None
         if ctx.compiled and not graphs_compiled():
