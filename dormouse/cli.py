@@ -70,7 +70,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from dormouse.config_flags import config_from_args, resume_config
     from dormouse.parallel.world import joined
     from dormouse.plots import plot_curves
-    from dormouse.runs import make_run_dir, open_corpus, run_config, run_corpus
+    from dormouse.runs import make_run_dir, open_corpus, result_line, run_config, run_corpus, run_meta
     from dormouse.train.trainer import Trainer
 
     history = _history(args)
@@ -81,6 +81,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         done = checkpoint.last_step(run)
         if done is not None and done >= cfg.train.steps:  # Lightning's max_steps: a finished fit, not an error
             print(f"{run} is at step {done} and --steps is {cfg.train.steps}: nothing left to train")
+            meta = run_meta(run)
+            if "best_step" in meta:  # the result it trained to
+                print(result_line(run, meta))
             return 0
         corpus, note = run_corpus(run, args.data)
     else:
@@ -102,6 +105,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             print(f"curves: {plot_curves(trainer.run)}")
             if args.record:
                 _record_run(trainer, history)
+            print(trainer.result_line())  # the last line: the run's result is its best held-out eval
     return 0
 
 

@@ -162,6 +162,9 @@ class TrainConfig:
     warmup_steps: int = _f(100, "linear warm-up steps", "schedule", lo=0)
     lr_decay: str = _f("cosine", "decay after warm-up", "schedule", choices=("cosine", "linear", "constant"))
     lr_floor: float = _f(0.5, "final lr as a fraction of the peak", "schedule", lo=0.0, hi=1.0)
+    patience: int = _f(
+        3, "stop once this many evals in a row have not beaten the best held-out bpb; 0 = off", "schedule", lo=0
+    )
     rand_depth: bool = _f(False, "draw each step's loop depth from [rand_depth_min, depth]", "arms")
     rand_depth_min: int = _f(1, "--rand-depth: smallest depth", "arms", lo=1, advanced=True)
     rand_depth_bptt: int = _f(

@@ -132,11 +132,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return resolve(build(preset, overrides))
 
 
-# What a resumed run may change: its length, its eval and checkpoint cadence, how it runs (the world size
-# may change). Anything else shapes the model, its tables or its training, and is refused.
+# What a resumed run may change: its length (and when it stops early), its eval and checkpoint cadence, how
+# it runs (the world size may change). Anything else shapes the model, its tables or its training, and is
+# refused.
 RESUMABLE = (
     "train.steps",
     "train.minutes",
+    "train.patience",
     "train.eval_every",
     "train.ckpt_every",
     "train.keep_last",

@@ -87,13 +87,27 @@ def run_config(run: str | Path) -> Config:
 
 
 def run_meta(run: str | Path) -> dict:
-    """RUN/run.json: run_id, the corpus path and fingerprint."""
+    """RUN/run.json: run_id, the corpus path and fingerprint; once a run has trained, its result too
+    (best_step, best_bpb, best_checkpoint, last_eval_step, last_eval_bpb, early_stop_step)."""
     path = Path(run) / "run.json"
     meta = _read_json(path, "the run's id and corpus")
     for key in ("run_id", "corpus", "fingerprint"):
         if not isinstance(meta.get(key), str):
             raise ConfigError(f"{path}: {key} is {meta.get(key)!r}, expected a string; restore it from a copy")
     return meta
+
+
+def result_line(run: str | Path, result: dict) -> str:
+    """A run's result (run.json's best_step, best_bpb, best_checkpoint, last_eval_step, last_eval_bpb) as
+    train's last line: `result: best held-out B bpb at step S (RUN/ckpt/step-S, --ckpt best); last eval L
+    bpb at step T`."""
+    if result.get("best_step") is None:
+        return "result: no held-out eval yet"
+    where = f"{Path(run) / result['best_checkpoint']}, --ckpt best"
+    line = f"result: best held-out {result['best_bpb']:.4f} bpb at step {result['best_step']} ({where})"
+    if result.get("last_eval_step") is not None:
+        line += f"; last eval {result['last_eval_bpb']:.4f} bpb at step {result['last_eval_step']}"
+    return line
 
 
 def config_changes(config: dict, ck: checkpoint.Checkpoint, where: str) -> dict[str, list]:

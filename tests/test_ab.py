@@ -143,6 +143,7 @@ def test_two_seeds_write_every_number_and_repeat_bitwise(corpus_dir, tmp_path):
     assert first["cost"]["text"].startswith("cost unknown: no bench row for cpu")
     a, b = first["arms"]["a"]["config"], first["arms"]["b"]["config"]
     assert (a["train"]["lr"], b["train"]["lr"]) == (0.003, 0.01) and a["model"] == b["model"]
+    assert a["train"]["patience"] == b["train"]["patience"] == 0  # no early stop: every run trains all steps
     for arm in ("a", "b"):
         for seed, run in zip((0, 1), first["runs"][arm], strict=True):
             assert (run["seed"], run["steps"], len(run["step_ms"])) == (seed, 4, 4)
@@ -241,6 +242,8 @@ def test_a_context_length_arm_trains_the_same_bytes_per_step_and_scores_the_same
         (["--a", "--seq-len 64", "--b", ""], "arm A trains 512 bytes per step and arm B 2048"),
         (["--a", "", "--b", "--seed 1"], "--seed is held equal"),
         (["--a", "", "--b", "--steps 9"], "--steps is held equal"),
+        (["--a", "", "--b", "--patience 2"], "--patience is held equal"),
+        (["--a", "", "--b", "--lr 0.01", "--patience", "2"], "--patience: an A/B compares at equal steps"),
         (["--a", "", "--b", "--preset small"], "--preset is shared"),
         (["--a", "", "--b", "--lr '0.01"], "No closing quotation"),
         (["--a", "", "--b", "--lr 0.01", "--seeds", "0"], "--seeds 0: at least 1"),

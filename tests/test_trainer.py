@@ -455,3 +455,126 @@ def test_dropout_with_rand_depth_and_the_auxiliary_heads(corpus, tmp_path):
     a, b = fresh(cfg, corpus, tmp_path / "a"), fresh(cfg, corpus, tmp_path / "b")
     assert [a.train_step(s) for s in range(3)] == [b.train_step(s) for s in range(3)]
     assert a.step_depth(0) != a.step_depth(1)  # two depths drawn: 2, 1 (pinned above)
+
+
+# ---- the result: the best held-out eval; early stopping ---------------------------------------------------------
+
+
+def scripted_scores(monkeypatch, bpbs):
+    """The trainer's evals report the next of `bpbs` as their held-out bpb (a scripted curve); `dormouse
+    eval` still scores the held-out split."""
+    from dormouse.evaluation import HeldOut
+    from dormouse.train import trainer as trainer_module
+
+    script = iter(bpbs)
+    monkeypatch.setattr(trainer_module, "heldout_score", lambda *a, **k: HeldOut(next(script) * math.log(2), 599))
+
+
+def tiny_flags(corpus) -> list[str]:
+    size = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--seq-len", "32", "--batch-size", "4"]
+    return ["--data", str(corpus.root), "--preset", "nano", *size, "--warmup-steps", "2", "--eval-every", "2"]
+
+
+def run_json(run) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def test_train_s_last_line_is_the_best_eval_when_the_last_eval_is_worse(corpus, tmp_path, capsys, monkeypatch):
+    """Evals at steps 2..10 score 5.0, 4.0, 4.5, 3.5, 3.9: the result is step 8's 3.5, in the last line,
+    in run.json and in the checkpoint `eval` and `generate` load by default."""
+    scripted_scores(monkeypatch, [5.0, 4.0, 4.5, 3.5, 3.9])
+    run = tmp_path / "run"
+    assert main(["train", *tiny_flags(corpus), "--out", str(run), "--steps", "10", "--patience", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    best_dir = run / "ckpt" / "step-00000008"
+    result = f"result: best held-out 3.5000 bpb at step 8 ({best_dir}, --ckpt best); last eval 3.9000 bpb at step 10"
+    assert out[-1] == result
+    assert [e["step"] for e in evals(run)] == [2, 4, 6, 8, 10] and evals(run)[-1]["bpb"] == pytest.approx(3.9)
+    meta = run_json(run)
+    assert {k: meta[k] for k in ("best_step", "best_checkpoint", "last_eval_step", "early_stop_step")} == {
+        "best_step": 8,
+        "best_checkpoint": "ckpt/step-00000008",
+        "last_eval_step": 10,
+        "early_stop_step": None,
+    }
+    assert meta["best_bpb"] == pytest.approx(3.5) and meta["last_eval_bpb"] == pytest.approx(3.9)
+    assert meta["fingerprint"] == corpus.fingerprint and len(meta["run_id"]) == 12  # the existing keys kept
+    assert (run / "train.log").read_text().splitlines()[-1] == result
+    assert checkpoint.load(run, "best").path == best_dir and checkpoint.last_step(run) == 10
+    # `eval` and `generate` without --ckpt load the best checkpoint, step 8, not the last one
+    assert main(["eval", str(run)]) == 0
+    assert f"checkpoint {best_dir} (step 8);" in capsys.readouterr().out
+    assert main(["generate", str(run), "--prompt", "ab", "--max-bytes", "2", "--temperature", "0"]) == 0
+    assert f"generated 2 bytes from {best_dir} in " in capsys.readouterr().err
+    # a resume with nothing left to train ends on the same line
+    assert main(["train", "--resume", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == result
+
+
+def test_a_run_that_gets_worse_reports_and_serves_its_best(corpus, tmp_path, capsys):
+    """Real scores: a learning rate that wrecks the model after step 8 makes the last eval the worst; the
+    result line, run.json and `dormouse eval`'s default checkpoint all give the best eval's bpb."""
+    run = tmp_path / "run"
+    trainer = fresh(tiny_config(), corpus, run)
+    trainer.run_loop(until_step=8)
+    trainer.opt.base_lr = dict.fromkeys(trainer.opt.base_lr, 20.0)
+    trainer.run_loop()
+    scores = {e["step"]: e["bpb"] for e in evals(run)}
+    best_step = min(scores, key=scores.get)
+    assert list(scores) == [4, 8, 12] and scores[12] > scores[best_step] and best_step in (4, 8)
+    line = trainer.result_line()
+    assert line.startswith(f"result: best held-out {scores[best_step]:.4f} bpb at step {best_step} (")
+    assert line.endswith(f"; last eval {scores[12]:.4f} bpb at step 12")
+    meta = run_json(run)
+    assert (meta["best_step"], meta["best_bpb"], meta["last_eval_bpb"]) == (best_step, scores[best_step], scores[12])
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    eval_out = [x for x in capsys.readouterr().out.splitlines() if x.startswith("eval ")]
+    assert eval_out[0].startswith(f"eval step={best_step} bpb={scores[best_step]:.4f} ")
+
+
+def test_patience_stops_at_the_eval_that_spends_it_and_a_resume_goes_on(corpus, tmp_path, capsys, monkeypatch):
+    """Patience 2, evals every 2 steps scoring 5.0, 4.0, 4.2, 4.1: the best (step 4) is 2 evals old at step 8,
+    where the run stops with a checkpoint, exit 0. A resume goes on under the same rule (one more eval, 4.3:
+    it stops at step 10); with --patience 0 it trains to --steps."""
+    scripted_scores(monkeypatch, [5.0, 4.0, 4.2, 4.1, 4.3, 3.0, 3.2, 3.3, 3.4, 3.5])
+    run = tmp_path / "run"
+    assert main(["train", *tiny_flags(corpus), "--out", str(run), "--steps", "20", "--patience", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    stop = (
+        "early stop: 2 evals without a better held-out bpb (patience 2); stopped after step 8 of 20 with a checkpoint"
+    )
+    assert [x for x in out if x.startswith("early stop: ")] == [f"{stop}; best 4.0000 at step 4"]
+    best_dir = run / "ckpt" / "step-00000004"
+    assert (
+        out[-1]
+        == f"result: best held-out 4.0000 bpb at step 4 ({best_dir}, --ckpt best); last eval 4.1000 bpb at step 8"
+    )
+    assert len(train_losses(run)) == 8 and checkpoint.last_step(run) == 8 and checkpoint.load(run, "best").step == 4
+    (record,) = [
+        r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "early_stop"
+    ]
+    assert record == {
+        "kind": "early_stop",
+        "step": 8,
+        "patience": 2,
+        "evals": 2,
+        "best_step": 4,
+        "best_bpb": record["best_bpb"],
+    }
+    assert record["best_bpb"] == pytest.approx(4.0) and run_json(run)["early_stop_step"] == 8
+    assert stop in (run / "train.log").read_text()
+
+    assert main(["train", "--resume", str(run)]) == 0  # the same rule: step 10's 4.3 is the third eval past the best
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split(";")[0] for x in out if x.startswith("early stop: ")] == [
+        "early stop: 3 evals without a better held-out bpb (patience 2)"
+    ]
+    assert checkpoint.last_step(run) == 10 and run_json(run)["early_stop_step"] == 10
+
+    assert main(["train", "--resume", str(run), "--patience", "0"]) == 0  # off: to --steps 20
+    out = capsys.readouterr().out.splitlines()
+    assert not [x for x in out if x.startswith("early stop: ")] and checkpoint.last_step(run) == 20
+    assert out[-1].startswith("result: best held-out 3.0000 bpb at step 12 (")
+    assert out[-1].endswith("; last eval 3.5000 bpb at step 20")
+    assert run_json(run)["early_stop_step"] is None and len(train_losses(run)) == 20

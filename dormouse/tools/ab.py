@@ -75,6 +75,7 @@ SHARED = {
     "train.device": "both arms run and are timed on one device",
     "train.ckpt_every": "checkpointing changes no number: an arm differing only there compares a config with itself",
     "train.keep_last": "checkpointing changes no number: an arm differing only there compares a config with itself",
+    "train.patience": "the comparison is at equal steps: every run trains all of them (patience 0)",
 }
 
 
@@ -106,6 +107,8 @@ def arm_configs(args: argparse.Namespace) -> dict[str, Config]:
         raise ConfigError("--steps and --minutes are exclusive for ab: both arms train N steps, or the steps fit M")
     if args.seeds < 1:
         raise ConfigError(f"--seeds {args.seeds}: at least 1")
+    if getattr(args, "train.patience"):
+        raise ConfigError("--patience: an A/B compares at equal steps; every run trains all of them (patience 0)")
     parser = _ArmParser(prog="arm", add_help=False, allow_abbrev=False)
     add_config_flags(parser)
     cfgs = {}
@@ -192,8 +195,8 @@ def reused_a_runs(
 
 
 def for_round(cfg: Config, seed: int, steps: int) -> Config:
-    """An arm's config in one seed round: its seed, exactly `steps` steps, no wall-time stop."""
-    train = dataclasses.replace(cfg.train, seed=seed, steps=steps, minutes=0.0)
+    """An arm's config in one seed round: its seed, exactly `steps` steps, no wall-time or early stop."""
+    train = dataclasses.replace(cfg.train, seed=seed, steps=steps, minutes=0.0, patience=0)
     return Config(model=dataclasses.replace(cfg.model), train=train, preset=cfg.preset)
 
 

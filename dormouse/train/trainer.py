@@ -5,7 +5,9 @@ Step s (0-based) trains on `sampler.batch(seed, s)` with lr multiplier `lr_multi
 optimizer state, step, best score, StressMonitor), and the batch of a step is a pure function of
 (seed, step), so an interrupted and resumed run is bitwise the uninterrupted one on the CPU. Under
 torchrun (`--parallel ddp` or `fsdp`, docs/distributed.md) each rank trains its rows of that batch on a
-DDP replica or on its FSDP2 shards, and rank 0 alone prints and writes.
+DDP replica or on its FSDP2 shards, and rank 0 alone prints and writes. The run's result is its best
+held-out eval (`result_line`, run.json); with `patience` on, the run stops early once that best is
+`patience` evals old.
 """
 
 import contextlib
@@ -81,6 +83,8 @@ class Trainer:
         self.ema = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None  # what evals score
         self.stress = StressMonitor()
         self.step, self.best_bpb, self.best_step = 0, None, None
+        self.last_eval: tuple[int, float] | None = None  # (step, held-out bpb) of the run's latest eval
+        self.early_stop_step: int | None = None  # the step this process stopped at early (patience), if it did
         self.grad_norm: torch.Tensor | None = None  # of the last train_step, before clipping
         self.next_batch: tuple[int, tuple] | None = None  # (step, its x, y, JEPA starts): _read_batch
         self.depths: list[int] = []  # loop depths of the training steps since the last eval
@@ -132,6 +136,8 @@ class Trainer:
         if self.world.is_main and metrics.exists():
             kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.step]
             runs.write_atomic(metrics, "".join(line + "\n" for line in kept))
+            scored = [r for r in map(json.loads, kept) if r["kind"] == "eval"]
+            self.last_eval = (scored[-1]["step"], scored[-1]["bpb"]) if scored else None
         if self.world.is_main:  # what this resume changed, kept: a later plain --resume goes on with it
             runs.write_atomic(self.run / "config.json", self.cfg.to_json() + "\n")
             append_jsonl(metrics, {"kind": "resume", "step": self.step, "changed": changed})
@@ -329,13 +335,17 @@ class Trainer:
                 # One decision for every rank: they stop after the same step, with one eval and checkpoint.
                 stop = self.world.any(time.monotonic() >= deadline or interrupt.requested)
                 last = self.step == end or stop
-                new_best = False
+                new_best = early = False
                 if self.step % t.eval_every == 0 or last:
                     record = self.evaluate(window_ce, window_ms)
                     new_best = record["step"] == self.best_step
+                    early = not last and self.patience_spent()
                     window_ce, window_ms = [], []
-                if new_best or self.step % t.ckpt_every == 0 or last:
+                if new_best or self.step % t.ckpt_every == 0 or last or early:
                     self.save(is_best=new_best)
+                if early:
+                    self.stop_early()
+                    stop = True
         except KeyboardInterrupt:
             if interrupt.requested:  # a second signal: stopped at once, inside a step or a save
                 self.log(self._lost_note())
@@ -343,10 +353,59 @@ class Trainer:
         finally:
             interrupt.restore()
             bar.close()
+        self.write_result()
         if interrupt.requested:
             self.log(f"interrupted: stopped after step {self.step} with a checkpoint; --resume {self.run} goes on")
             raise KeyboardInterrupt
         return record
+
+    def patience_spent(self) -> bool:
+        """Whether the best held-out bpb is `patience` evals old: none of the evals of the last
+        patience × eval_every steps beat it (with evals every eval_every steps, `patience` evals in a row).
+        Read from the step and the best step alone, so a resumed run applies the same rule."""
+        t = self.cfg.train
+        return (
+            bool(t.patience) and self.best_step is not None and self.step - self.best_step >= t.patience * t.eval_every
+        )
+
+    def stop_early(self) -> None:
+        """Say and record that the run stops here: its best is `patience` evals old (the checkpoint is saved)."""
+        t = self.cfg.train
+        self.early_stop_step = self.step
+        evals = (self.step - self.best_step) // t.eval_every
+        if self.world.is_main:
+            record = {"kind": "early_stop", "step": self.step, "patience": t.patience, "evals": evals}
+            append_jsonl(self.run / "metrics.jsonl", record | {"best_step": self.best_step, "best_bpb": self.best_bpb})
+        self.log(
+            f"early stop: {evals} evals without a better held-out bpb (patience {t.patience}); stopped after step "
+            f"{self.step} of {t.steps} with a checkpoint; best {self.best_bpb:.4f} at step {self.best_step}"
+        )
+
+    def result(self) -> dict:
+        """The run's result as run.json records it: its best held-out eval, the checkpoint that holds it
+        (relative to the run directory; `--ckpt best` loads it), and its latest eval."""
+        best = None if self.best_step is None else f"ckpt/{checkpoint.step_dir_name(self.best_step)}"
+        last_step, last_bpb = self.last_eval or (None, None)
+        return {
+            "best_step": self.best_step,
+            "best_bpb": self.best_bpb,
+            "best_checkpoint": best,
+            "last_eval_step": last_step,
+            "last_eval_bpb": last_bpb,
+            "early_stop_step": self.early_stop_step,
+        }
+
+    def result_line(self) -> str:
+        return runs.result_line(self.run, self.result())
+
+    def write_result(self) -> None:
+        """run.json gets the result (its other keys kept); train.log its line."""
+        if not self.world.is_main:
+            return
+        meta = json.loads((self.run / "run.json").read_text())
+        runs.write_atomic(self.run / "run.json", json.dumps({**meta, **self.result()}, indent=2) + "\n")
+        with open(self.run / "train.log", "a") as f:
+            f.write(self.result_line() + "\n")
 
     def _lost_note(self) -> str:
         """What a stop at once loses: the steps after the last committed checkpoint (read from disk: a save
@@ -400,6 +459,7 @@ class Trainer:
         if self.world.is_main:
             append_jsonl(self.run / "metrics.jsonl", record)
         self.log(eval_line(record))
+        self.last_eval = (self.step, held.bpb)
         if self.best_bpb is None or held.bpb < self.best_bpb:
             self.best_bpb, self.best_step = held.bpb, self.step
         return record

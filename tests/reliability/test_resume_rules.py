@@ -27,13 +27,17 @@ def test_an_extended_budget_and_cadence_are_recorded_and_kept(run, capsys):
     assert plain.train.steps == 6 and plain.train.eval_every == 2
     capsys.readouterr()
     assert main(["train", "--resume", str(run)]) == 0
-    assert capsys.readouterr().out.strip() == f"{run} is at step 6 and --steps is 6: nothing left to train"
+    said, result = capsys.readouterr().out.strip().splitlines()
+    assert said == f"{run} is at step 6 and --steps is 6: nothing left to train"
+    assert result.startswith("result: best held-out ") and result.endswith(" bpb at step 6")  # the run's result
 
 
 def test_resume_with_fewer_steps_than_done_says_so_and_writes_nothing(run, capsys):
     before = {name: (run / name).read_bytes() for name in ("config.json", "metrics.jsonl", "train.log")}
     assert main(["train", "--resume", str(run), "--steps", "2"]) == 0
-    assert capsys.readouterr().out.strip() == f"{run} is at step 3 and --steps is 2: nothing left to train"
+    said, result = capsys.readouterr().out.strip().splitlines()
+    assert said == f"{run} is at step 3 and --steps is 2: nothing left to train"
+    assert result.startswith("result: best held-out ") and result.endswith(" bpb at step 3")
     assert {name: (run / name).read_bytes() for name in before} == before
 
 
