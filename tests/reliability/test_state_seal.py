@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dormouse import checkpoint
+from dormouse import checkpoint, checkpoint_files
 from dormouse.errors import CheckpointError, DormouseError
 
 
@@ -72,7 +72,7 @@ def reseal(path, state):
 
     model = path / checkpoint.MODEL
     tensors = load_file(model)
-    seal = checkpoint._state_seal(state)
+    seal = checkpoint_files.state_seal(state)
     save_file(tensors, str(model), metadata={"step": str(state["step"]), "kind": "model", "state": seal})
-    state["files"][checkpoint.MODEL].update(sha256=checkpoint._sha256(model), size=model.stat().st_size)
+    state["files"][checkpoint.MODEL].update(sha256=checkpoint_files.sha256(model), size=model.stat().st_size)
     (path / checkpoint.STATE).write_text(json.dumps(state))
