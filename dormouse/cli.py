@@ -1,324 +1,45 @@
 """The `dormouse` command. A subcommand is registered only once it works (no stubs)."""
 
+# The parser, one subcommand at a time, and `main`; what each subcommand does is dormouse/commands.py's.
+
 import argparse
-import contextlib
 import errno
-import os
 import sys
-import time
-from pathlib import Path
 
 from dormouse import __version__
-from dormouse.errors import ConfigError, DormouseError
-
-
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    from dormouse.data.prepare import prepare
-    from dormouse.data.shards import inspect_corpus
-
-    prepare(
-        args.inputs,
-        args.out,
-        heldout_fraction=args.heldout_fraction,
-        heldout_tail=args.heldout_tail,
-        validation_tail=args.validation_tail,
-    )
-    print(inspect_corpus(args.out))
-    return 0
-
-
-def _inspect_run(run: Path, plot: bool) -> int:
-    from dormouse import checkpoint
-    from dormouse.plots import plot_curves
-
-    print(f"run: {run}")
-    print((run / "run.json").read_text().strip())
-    for which in ("last", "best"):
-        ck = checkpoint.load(run, which)  # verified: a damaged checkpoint is reported, not summarised
-        print(f"{which}: step {ck.step}, best bpb {ck.state['best_bpb']} at step {ck.state['best_step']}")
-    evals = [line for line in (run / "train.log").read_text().splitlines() if line.startswith("eval ")]
-    print(evals[-1] if evals else "no eval yet")
-    if plot:
-        print(f"curves: {plot_curves(run)}")
-    return 0
-
-
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    from dormouse.config_flags import config_from_args
-
-    if args.path is not None and (Path(args.path) / "config.json").is_file():
-        return _inspect_run(Path(args.path), args.plot)
-    if args.plot:
-        raise DormouseError("--plot needs a run directory (one written by `dormouse train`)")
-    cfg = config_from_args(args)  # refuse a bad config before touching any corpus
-    from dormouse.data.default_corpus import default_corpus_dir, describe_default_corpus
-    from dormouse.data.shards import inspect_corpus
-
-    if args.path is None:
-        corpus = default_corpus_dir()
-        print(describe_default_corpus())
-    else:
-        corpus = args.path
-    print(inspect_corpus(corpus))
-    print("resolved config:")
-    print(cfg.to_json())
-    return 0
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from dormouse import checkpoint, run_lock
-    from dormouse.config_flags import config_from_args, resume_config
-    from dormouse.parallel.world import joined
-    from dormouse.plots import plot_curves
-    from dormouse.runs import make_run_dir, open_corpus, result_line, run_config, run_corpus, run_meta
-    from dormouse.train.trainer import Trainer
-
-    history = _history(args)
-    writer = int(os.environ.get("RANK", "0")) == 0  # rank 0 alone writes the run directory
-    if args.resume:
-        cfg = resume_config(run_config(args.resume), args)
-        run = args.resume
-        done = checkpoint.last_step(run)
-        if done is not None and done >= cfg.train.steps:  # Lightning's max_steps: a finished fit, not an error
-            print(f"{run} is at step {done} and --steps is {cfg.train.steps}: nothing left to train")
-            meta = run_meta(run)
-            if "best_step" in meta:  # the result it trained to
-                print(result_line(run, meta))
-            return 0
-        corpus, note = run_corpus(run, args.data)
-    else:
-        cfg = config_from_args(args)
-        run = args.out or f"runs/{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-        corpus, note = open_corpus(args.data)
-        if writer:
-            make_run_dir(run)
-    with contextlib.ExitStack() as hold:
-        if writer:  # one writer per run directory: a second `train` on it is refused (dormouse/run_lock.py)
-            hold.enter_context(run_lock.held(run, "train"))
-        with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (ddp, fsdp)
-            trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume), world=world)
-            try:
-                trainer.run_loop()
-            except KeyboardInterrupt:
-                return 130
-        if world.is_main:
-            print(f"curves: {plot_curves(trainer.run)}")
-            if args.record:
-                _record_run(trainer, history)
-            print(trainer.result_line())  # the last line: the run's result is its best held-out eval
-    return 0
-
-
-def _history(args: argparse.Namespace) -> Path | None:
-    """The TSV `--record` appends to: `--history`, or None for the run directory's own history.tsv;
-    `--history` alone is refused."""
-    if args.history and not args.record:
-        raise ConfigError("--history names the TSV --record appends to; add --record")
-    return Path(args.history) if args.history else None
-
-
-def _add_record_flags(p: argparse.ArgumentParser, row: str) -> None:
-    """`--record` (append `row` to the history) and its `--history` (train, generate)."""
-    p.add_argument("--record", action="store_true", help=f"append {row} to RUN/history.tsv (or --history)")
-    p.add_argument("--history", metavar="TSV", default=None, help="with --record: the TSV to append to instead")
-
-
-def _record_run(trainer, history: Path | None) -> None:
-    """`train --record`: the run as one history row (tools/train_row.py), in the run directory by default."""
-    import torch
-
-    from dormouse.evaluation import eval_records
-    from dormouse.tools.bench.provenance import git_commit, repo_root
-    from dormouse.tools.bench.rows import RECORD_FILE, append_row
-    from dormouse.tools.train_row import train_row
-
-    history = history or Path(trainer.run) / RECORD_FILE
-
-    row = train_row(
-        trainer.cfg,
-        trainer.step_ms,
-        eval_records(trainer.run),
-        run=trainer.run,
-        commit=git_commit(repo_root()),
-        torch_version=torch.__version__,
-    )
-    append_row(history, row)
-    print(f"train: appended a row (held-out {row['heldout_bpb']} bpb) to {history}")
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from dormouse.evaluation import depth_field, eval_line, eval_record, heldout_score
-    from dormouse.model import precision
-    from dormouse.runs import load_model, run_corpus
-    from dormouse.train.stress import StressMonitor
-
-    device = args.device or ("cuda" if torch_cuda() else "cpu")
-    model, cfg, ck = load_model(args.run, args.ckpt, device)
-    corpus, note = run_corpus(args.run, args.data)
-    t = cfg.train
-    stress = StressMonitor()
-    stress.load_state_dict(ck.state["stress"])
-    depths = _eval_depths(args.depth, cfg.model.depth)
-    # A window longer than training's gives each byte more context: a different measurement, named on each line.
-    windows = [t.seq_len] if args.seq_len is None else _eval_windows(args.seq_len)
-    batch_size = t.batch_size if args.batch_size is None else args.batch_size
-    print(f"checkpoint {ck.path} (step {ck.step}); corpus {note}; kda backend {cfg.model.kda_backend}")
-    for seq_len in windows:
-        for depth in depths:
-            held = heldout_score(
-                model,
-                corpus,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                eval_bytes=t.eval_bytes,
-                device=device,
-                # the run's precision (bf16: autocast), as its training evals scored: the same number
-                autocast=lambda: precision.autocast(t.dtype, device),
-                depth=depth,
-            )
-            record = eval_record(
-                ck.step,
-                held,
-                train_ce=None,
-                tokens=ck.step * t.batch_size * t.seq_len,
-                ms_per_step=None,
-                depth=depth_field(cfg) if depth is None else f"eval{depth}/{cfg.model.depth}",
-                stress=stress.summary(),
-            )
-            record["window"] = seq_len
-            if t.ema_decay:  # load_model put the run's weight average in the model
-                record["weights"] = f"ema{t.ema_decay:g}"
-            print(eval_line(record))
-    return 0
-
-
-def _eval_windows(asked: str) -> list[int]:
-    """`--seq-len`: one window length or several, comma-separated (one eval line each)."""
-    try:
-        return [int(w) for w in asked.split(",")]
-    except ValueError:
-        raise ConfigError(f"--seq-len {asked!r}: window lengths in bytes, e.g. 256 or 256,1024,4096") from None
-
-
-def _eval_depths(asked: str | None, model_depth: int) -> list[int | None]:
-    """`--depth`: None (the full depth, one line), D in 1..depth, or `all` (1..depth, one line each)."""
-    if asked is None:
-        return [None]
-    if asked == "all":
-        return list(range(1, model_depth + 1))
-    if not asked.isdigit() or not 1 <= int(asked) <= model_depth:
-        raise ConfigError(f"--depth {asked!r}: a loop depth in 1..{model_depth} (the run's depth) or 'all'")
-    return [int(asked)]
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from dormouse.decode.generate import generate
-    from dormouse.runs import load_model
-
-    history = _history(args)
-
-    device = args.device or ("cuda" if torch_cuda() else "cpu")
-    model, cfg, ck = load_model(args.run, args.ckpt, device)
-    result = generate(
-        model,
-        args.prompt.encode(),
-        max_bytes=args.max_bytes,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_iter=args.gen_max_iter,
-        exit_threshold=args.exit_threshold,
-        speculative=args.speculative,
-        cuda_graph=args.cuda_graph,
-    )
-    if args.out:
-        with open(args.out, "wb") as f:
-            f.write(result.bytes)
-    else:
-        sys.stdout.write(args.prompt + result.bytes.decode("utf-8", errors="replace") + "\n")
-    rate = f"{result.seconds:.2f} s ({result.bytes_per_s:.3f} bytes/s)"
-    print(f"generated {len(result.bytes)} bytes from {ck.path} in {rate}", file=sys.stderr)
-    histogram = " ".join(f"{iters}:{n}" for iters, n in result.histogram().items())
-    mean = sum(result.iterations) / len(result.iterations)
-    print(f"loop iterations per byte (iterations:bytes): {histogram}; mean {mean:.2f}", file=sys.stderr)
-    if result.acceptance is not None:
-        print(result.acceptance, file=sys.stderr)
-    if args.record:
-        from dormouse import run_lock
-        from dormouse.tools.bench.provenance import git_commit, repo_root
-        from dormouse.tools.bench.rows import RECORD_FILE, append_row
-        from dormouse.tools.decode_row import decode_row
-
-        history = history or Path(args.run) / RECORD_FILE
-
-        flags = {"--speculative": args.speculative, f"--gen-max-iter {args.gen_max_iter}": args.gen_max_iter}
-        flags["--cuda-graph"] = args.cuda_graph
-        flags[f"--exit-threshold {args.exit_threshold:g}"] = args.exit_threshold < 1
-        flags[f"--temperature {args.temperature:g}"] = True
-        options = " ".join(flag for flag, on in flags.items() if on)
-        row = decode_row(
-            cfg,
-            result,
-            options=options,
-            graphed=args.cuda_graph,
-            prompt_bytes=len(args.prompt.encode()),
-            commit=git_commit(repo_root()),
-            log=str(ck.path),
-        )
-        in_run = history.resolve().parent == Path(args.run).resolve()
-        with run_lock.held(args.run, "generate --record") if in_run else contextlib.nullcontext():
-            append_row(history, row)
-        print(f"generate: appended a row (dormouse-decode) to {history}", file=sys.stderr)
-    return 0
-
-
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from dormouse.tools.bench.command import cli
-
-    return cli(args)
-
-
-def _cmd_replay(args: argparse.Namespace) -> int:
-    from dormouse.tools.replay import cli
-
-    return cli(args)
-
-
-def _cmd_ab(args: argparse.Namespace) -> int:
-    from dormouse.tools.ab import cli
-
-    try:
-        return cli(args)
-    except KeyboardInterrupt:
-        return 130
-
-
-def _cmd_ledger(args: argparse.Namespace) -> int:
-    from dormouse import ledger
-
-    if args.markdown:
-        print(ledger.markdown(), end="")
-        return 0
-    sites = ledger.all_sites()
-    width = max(len(s.name) for s in sites)
-    for s in sites:
-        print(f"{s.name:<{width}}  {s.kind.value:<7}  {s.module}  {s.reason}")
-    return 0
+from dormouse.commands import (
+    cmd_ab,
+    cmd_bench,
+    cmd_eval,
+    cmd_generate,
+    cmd_inspect,
+    cmd_ledger,
+    cmd_prepare,
+    cmd_replay,
+    cmd_train,
+)
+from dormouse.config_flags import add_config_flags, config_groups
+from dormouse.errors import DormouseError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dormouse.config_flags import add_config_flags, config_groups
-
     parser = argparse.ArgumentParser(prog="dormouse", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dormouse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_prepare(sub)
+    _add_inspect(sub)
+    _add_train(sub)
+    _add_eval(sub)
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_replay(sub)
+    _add_ab(sub)
+    _add_ledger(sub)
+    _add_tune(sub)
+    return parser
 
+
+def _add_prepare(sub) -> None:
     p = sub.add_parser("prepare", help="turn files, folders and .gz files into uint8 shards + manifest.json")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders (recursive, sorted) or .gz files")
     p.add_argument("--out", required=True, metavar="DIR", help="corpus directory to create (must not exist)")
@@ -345,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --heldout-tail F: a tuning corpus without the held-out tail; the last fraction V of "
         "the rest is its held-out split (a validation slice)",
     )
-    p.set_defaults(func=_cmd_prepare)
+    p.set_defaults(func=cmd_prepare)
 
+
+def _add_inspect(sub) -> None:
     p = sub.add_parser(
         "inspect",
         help="summarise a run, or a prepared corpus (default: the embedded one) and the resolved config",
@@ -360,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--plot", action="store_true", help="for a run directory: write RUN/curves.png")
     add_config_flags(p)
-    p.set_defaults(func=_cmd_inspect)
+    p.set_defaults(func=cmd_inspect)
 
+
+def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a model; evals, checkpoints and metrics go to the run directory",
@@ -378,8 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_record_flags(groups["run"], "the finished run as a row")
     add_config_flags(p)
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=cmd_train)
 
+
+def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="held-out bits per byte of a run's checkpoint, as an eval line")
     p.add_argument("run", metavar="RUN", help="a run directory")
     p.add_argument("--ckpt", default="best", help="best, last or step-N (default best)")
@@ -399,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
         "longer); several, comma-separated, give one eval line each (default: the run's seq_len)",
     )
     p.add_argument("--batch-size", type=int, default=None, metavar="B", help="windows per forward (default: the run's)")
-    p.set_defaults(func=_cmd_eval)
+    p.set_defaults(func=cmd_eval)
 
+
+def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a run's checkpoint, one byte at a time")
     p.add_argument("run", metavar="RUN", help="a run directory")
     p.add_argument("--ckpt", default="best", help="best, last or step-N (default best)")
@@ -438,8 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", default=None, help="write the raw generated bytes here")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     _add_record_flags(p, "the decode speed as a row (model dormouse-decode)")
-    p.set_defaults(func=_cmd_generate)
+    p.set_defaults(func=cmd_generate)
 
+
+def _add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="time the trainer's step (or a same-size baseline: --model, --baselines): one row per model in "
@@ -485,8 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history", default=None, metavar="FILE", help="TSV to append to (default runs/bench/history.tsv)")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="folder for the logs (default runs/bench/logs)")
     add_config_flags(p)
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=cmd_bench)
 
+
+def _add_replay(sub) -> None:
     p = sub.add_parser(
         "replay", help="run one training step in two fresh processes; IDENTICAL (exit 0) or DIFFERS (exit 1)"
     )
@@ -508,8 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", metavar="DIR", default=None, help="the run's corpus at another path (its fingerprint must match)"
     )
     add_config_flags(p)
-    p.set_defaults(func=_cmd_replay)
+    p.set_defaults(func=cmd_replay)
 
+
+def _add_ab(sub) -> None:
     p = sub.add_parser(
         "ab", help="compare two configs over seeds at equal steps: bpb difference B-A with a 95%% interval, ms/step"
     )
@@ -565,12 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
         "steps and config, every seed); only B trains",
     )
     add_config_flags(p)
-    p.set_defaults(func=_cmd_ab)
+    p.set_defaults(func=cmd_ab)
 
+
+def _add_ledger(sub) -> None:
     p = sub.add_parser("ledger", help="print the fallback ledger (every site: LOUD or COUNTED)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/reliability.md's)")
-    p.set_defaults(func=_cmd_ledger)
+    p.set_defaults(func=cmd_ledger)
 
+
+def _add_tune(sub) -> None:
     from dormouse.tools import tune
 
     p = sub.add_parser(
@@ -590,7 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(p)
     p.set_defaults(func=tune.cli)
-    return parser
+
+
+def _add_record_flags(p: argparse.ArgumentParser, row: str) -> None:
+    """`--record` (append `row` to the history) and its `--history` (train, generate)."""
+    p.add_argument("--record", action="store_true", help=f"append {row} to RUN/history.tsv (or --history)")
+    p.add_argument("--history", metavar="TSV", default=None, help="with --record: the TSV to append to instead")
 
 
 def main(argv: list[str] | None = None) -> int:
