@@ -19,9 +19,9 @@ from dormouse.config import (
     load_toml,
     resolve_parallel,
     toml_overrides,
-    validate,
     value_type,
 )
+from dormouse.config_checks import validate
 from dormouse.errors import ConfigError
 
 SHORT_ARMS = {"no_kda": ("model", "mixer", "attention", "short for --mixer attention")}

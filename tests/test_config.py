@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from dormouse import config, config_flags
+from dormouse import config, config_checks, config_flags
 from dormouse.cli import build_parser
 from dormouse.errors import ConfigError, DormouseError
-from dormouse.resolve import resolve
+from dormouse.resolve import resolve, resolve_values
 
 
 def parse(*argv):
@@ -149,7 +149,7 @@ def committed(path: Path) -> config.Config:
     """A committed config, validated (resolving it for CUDA would need fla, which CI does not have)."""
     values = config.load_toml(path)
     cfg = config.build(values.get("preset", config.DEFAULT_PRESET), config.toml_overrides(values, str(path)))
-    config.validate(cfg)
+    config_checks.validate(cfg)
     return cfg
 
 
@@ -195,14 +195,14 @@ def test_the_defaults_are_the_measured_best():
 
 
 def test_auto_dtype_and_cuda_graph_follow_the_device():
-    cpu = config.resolve_values(config.build("nano"), cuda_available=False).train
+    cpu = resolve_values(config.build("nano"), cuda_available=False).train
     assert (cpu.dtype, cpu.cuda_graph) == ("fp32", False)
-    cuda = config.resolve_values(config.build("nano"), cuda_available=True).train
+    cuda = resolve_values(config.build("nano"), cuda_available=True).train
     assert (cuda.dtype, cuda.cuda_graph) == ("bf16", True)
-    mor = config.resolve_values(config.build("nano", {"model": {"mor": True}}), cuda_available=True).train
+    mor = resolve_values(config.build("nano", {"model": {"mor": True}}), cuda_available=True).train
     assert mor.cuda_graph is False  # auto leaves the graph off where an arm cannot be captured
     with pytest.raises(ConfigError, match="cuda_graph with mor is not built"):
-        config.resolve_values(config.build("nano", {"model": {"mor": True}, "train": {"cuda_graph": True}}))
+        resolve_values(config.build("nano", {"model": {"mor": True}, "train": {"cuda_graph": True}}))
 
 
 def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
@@ -231,4 +231,4 @@ def test_attention_layers_make_a_hybrid_block_and_refuse_what_is_not_one():
         ({"attention_layers": "0", "mixer": "attention"}, "every layer is attention already"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            config.validate(config.build("nano", {"model": model}))
+            config_checks.validate(config.build("nano", {"model": model}))

@@ -10,6 +10,7 @@ from pathlib import Path
 from dormouse import config, ledger
 from dormouse.cli import build_parser
 from dormouse.config import SECTIONS
+from dormouse.resolve import resolve_values
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -87,7 +88,7 @@ def test_preset_table_is_the_resolved_presets():
     )
     assert {r[0] for r in rows} == set(config.PRESETS), "docs/training.md's preset table misses a preset"
     for name, *sizes in rows:
-        cfg = config.resolve_values(config.build(name), cuda_available=False)
+        cfg = resolve_values(config.build(name), cuda_available=False)
         m, t = cfg.model, cfg.train
         want = [m.d_model, m.n_heads, m.head_dim, m.block_layers, m.depth, m.ffn_hidden, t.seq_len, t.batch_size]
         assert [int(s) for s in sizes] == want, f"docs/training.md: preset {name} is {want}"

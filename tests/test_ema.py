@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dormouse import config
+from dormouse import config, config_checks
 from dormouse.errors import CheckpointError, ConfigError
 from dormouse.train.ema import WeightAverage, load_average_
 
@@ -51,4 +51,4 @@ def test_loading_refuses_a_missing_file_or_other_parameters():
 @pytest.mark.parametrize("train", [{"parallel": "fsdp"}, {"engram_shard": True, "parallel": "ddp"}])
 def test_config_refuses_averaging_sharded_parameters(train):
     with pytest.raises(ConfigError, match="ema_decay averages whole parameters"):
-        config.validate(config.build("nano", {"model": {"engram": True}, "train": {"ema_decay": 0.99, **train}}))
+        config_checks.validate(config.build("nano", {"model": {"engram": True}, "train": {"ema_decay": 0.99, **train}}))

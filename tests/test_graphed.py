@@ -6,7 +6,7 @@ path a graph cannot hold is refused. The capture itself: tests/gpu/test_graphed_
 import pytest
 import torch
 
-from dormouse import config, counters, ledger, rng
+from dormouse import config, config_checks, counters, ledger, rng
 from dormouse.errors import ConfigError
 from dormouse.model.model import DormouseLM
 from dormouse.resolve import resolve
@@ -110,17 +110,17 @@ def test_counts_of_the_captured_step_are_added_at_each_replay():
 def test_paths_a_graph_cannot_hold_are_refused(model, name):
     cfg = config.build("nano", {"model": model, "train": {"cuda_graph": True}})
     with pytest.raises(ConfigError, match=f"cuda_graph with {name} is not built"):
-        config.validate(cfg)
+        config_checks.validate(cfg)
 
 
 def test_experts_with_dense_dispatch_are_held_by_a_graph():
-    config.validate(
+    config_checks.validate(
         config.build("nano", {"model": {"n_experts": 4, "experts_dense": True}, "train": {"cuda_graph": True}})
     )
 
 
 def test_random_depth_is_held_by_one_graph_per_depth():
-    config.validate(config.build("nano", {"train": {"cuda_graph": True, "rand_depth": True}}))  # not refused
+    config_checks.validate(config.build("nano", {"train": {"cuda_graph": True, "rand_depth": True}}))  # not refused
 
 
 def test_random_depth_that_leaves_the_engram_untrained_at_some_depths_is_refused():
@@ -131,10 +131,10 @@ def test_random_depth_that_leaves_the_engram_untrained_at_some_depths_is_refused
     with pytest.raises(
         ConfigError, match="rand_depth_bptt is not built: the engram gets gradients at some sampled depths"
     ):
-        config.validate(config.build("nano", {"model": {"depth": 3, "engram": True}, "train": train}))
-    config.validate(config.build("nano", {"model": {"depth": 3, "engram": False}, "train": train}))
+        config_checks.validate(config.build("nano", {"model": {"depth": 3, "engram": True}, "train": train}))
+    config_checks.validate(config.build("nano", {"model": {"depth": 3, "engram": False}, "train": train}))
     one_set = {**train, "rand_depth_min": 2, "rand_depth_bptt": 1}
-    config.validate(config.build("nano", {"model": {"depth": 3, "engram": True}, "train": one_set}))
+    config_checks.validate(config.build("nano", {"model": {"depth": 3, "engram": True}, "train": one_set}))
 
 
 def test_cuda_graph_needs_one_process_on_cuda():

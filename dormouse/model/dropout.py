@@ -25,7 +25,7 @@ RANK_STRIDE = 2**40  # rank r of a data-parallel run draws from step + r · 2^40
 
 def draws_masks(m) -> bool:
     """Whether a training forward of ModelConfig `m` draws masks (dropout, stochastic depth or the engram's
-    dropout, which config.validate refuses with the engram off): it needs a dropout generator then."""
+    dropout, which config_checks.validate refuses with the engram off): it needs a dropout generator then."""
     return m.dropout > 0 or m.drop_path > 0 or m.engram_dropout > 0
 
 

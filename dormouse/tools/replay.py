@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 
 from dormouse import checkpoint
-from dormouse.config import Config, validate
+from dormouse.config import Config
+from dormouse.config_checks import validate
 from dormouse.errors import CheckpointError, ConfigError, DormouseError
 
 INJECT_ENV = "DORMOUSE_REPLAY_INJECT_NOISE"
