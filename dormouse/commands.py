@@ -5,6 +5,7 @@
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -28,15 +29,22 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _four_digits(value):
+    """A float as the eval line prints it (bits per byte to 4 decimals); anything else as it is."""
+    return f"{value:.4f}" if isinstance(value, float) else value
+
+
 def _inspect_run(run: Path, plot: bool) -> int:
     from dormouse import checkpoint
     from dormouse.plots import plot_curves
 
     print(f"run: {run}")
-    print((run / "run.json").read_text().strip())
+    for key, value in json.loads((run / "run.json").read_text()).items():
+        print(f"{key}: {_four_digits(value)}")
     for which in ("last", "best"):
         ck = checkpoint.load(run, which)  # verified: a damaged checkpoint is reported, not summarised
-        print(f"{which}: step {ck.step}, best bpb {ck.state['best_bpb']} at step {ck.state['best_step']}")
+        best = _four_digits(ck.state["best_bpb"])
+        print(f"{which}: step {ck.step}, best bpb {best} at step {ck.state['best_step']}")
     evals = [line for line in (run / "train.log").read_text().splitlines() if line.startswith("eval ")]
     print(evals[-1] if evals else "no eval yet")
     if plot:

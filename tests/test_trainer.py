@@ -320,6 +320,9 @@ def test_inspect_a_run_prints_its_checkpoints_and_plots(corpus, tmp_path, capsys
     assert main(["inspect", str(tmp_path / "r"), "--plot"]) == 0
     out = capsys.readouterr().out
     assert "last: step 4" in out and "best: step 4" in out and "eval step=4 " in out
+    best = json.loads((tmp_path / "r" / "run.json").read_text())["best_bpb"]
+    assert f"best_bpb: {best:.4f}\n" in out and f"best bpb {best:.4f} at step 4" in out
+    assert not re.search(r"\d\.\d{5}", out)  # every figure to 4 decimals at most
     assert (tmp_path / "r" / "curves.png").stat().st_size > 0
     assert main(["inspect", str(corpus.root), "--plot"]) == 2
 
