@@ -90,13 +90,11 @@ def test_train_record_appends_the_run_as_one_priceable_row(random_corpus, tmp_pa
     evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
     (got,) = read_history(history)
     assert f"held-out {got['heldout_bpb']} bpb" in capsys.readouterr().out
-    assert [e["step"] for e in evals] == [2, 4] and (got["heldout_bpb"], got["seeds"]) == (
-        f"{evals[-1]['bpb']:.6f}",
-        "1",
-    )
+    best = min(evals, key=lambda e: e["bpb"])
+    assert [e["step"] for e in evals] == [2, 4] and (got["heldout_bpb"], got["seeds"]) == (f"{best['bpb']:.6f}", "1")
     assert got["note"] == (
-        f"train {run}: held-out bpb (ema0.9 weights) by step 2:{evals[0]['bpb']:.4f} 4:{evals[1]['bpb']:.4f}; "
-        f"wall {evals[-1]['wall_s']:.1f} s since import"
+        f"train {run}: best at step {best['step']}; held-out bpb (ema0.9 weights) by step "
+        f"2:{evals[0]['bpb']:.4f} 4:{evals[1]['bpb']:.4f}; wall {evals[-1]['wall_s']:.1f} s since import"
     )
     assert (got["model"], got["preset"], got["batch"], got["seq_len"], got["warmup"], got["steps"]) == (
         "dormouse",
@@ -124,7 +122,9 @@ def test_history_without_record_is_refused_before_anything_runs(command, tmp_pat
 
 def test_a_run_rows_timing_is_every_steps_median_with_the_first_step_apart():
     cfg = resolve(config.build("nano", {"train": {"batch_size": 2, "seq_len": 64}}), cuda_available=False)
-    evals = [{"step": 2, "bpb": 3.5, "wall_s": 1.0}, {"step": 4, "bpb": 3.25, "wall_s": 2.04}]
+    # the last eval is worse than the one before: the row's score is the best, the run's result
+    evals = [{"step": 2, "bpb": 3.5, "wall_s": 1.0}, {"step": 4, "bpb": 3.25, "wall_s": 1.5}]
+    evals.append({"step": 6, "bpb": 3.3, "wall_s": 2.04})
     got = train_row(cfg, [100.0, 10.0, 20.0, 30.0], evals, run=Path("/r"), commit="abc", torch_version="2.13")
     # median of 100, 10, 20, 30 = 25 ms; 128 positions per step / 0.025 s = 5120 per s;
     # inclusive quartiles 17.5 and 47.5 (30 + 0.25 * 70): IQR 30
@@ -132,7 +132,8 @@ def test_a_run_rows_timing_is_every_steps_median_with_the_first_step_apart():
     assert (got["ms_min"], got["ms_max"], got["ms_iqr"], got["steps"]) == ("10.0000", "100.0000", "30.0000", "4")
     assert (got["heldout_bpb"], got["seeds"], got["commit"]) == ("3.250000", "1", "abc")
     assert got["log"] == "/r/metrics.jsonl"
-    assert got["note"] == "train /r: held-out bpb by step 2:3.5000 4:3.2500; wall 2.0 s since import"
+    curve = "2:3.5000 4:3.2500 6:3.3000"
+    assert got["note"] == f"train /r: best at step 4; held-out bpb by step {curve}; wall 2.0 s since import"
 
 
 def test_every_committed_row_is_complete_and_names_a_log_that_exists_or_none():
