@@ -472,8 +472,8 @@ def test_a_run_with_every_random_arm_draws_nothing_from_the_global_rngs(corpus, 
     resumed.run_loop()
     assert resumed.step == 4 and len(evals(tmp_path / "r")) == 2
     assert torch.equal(torch.random.get_rng_state(), states[0]), "a draw from torch's global RNG"
-    now = np.random.get_state()
-    assert now[0] == states[1][0] and np.array_equal(now[1], states[1][1]) and now[2:] == states[1][2:], "numpy's"
+    now, was = np.random.get_state(), states[1]
+    assert now[0] == was[0] and np.array_equal(now[1], was[1]) and now[2:] == was[2:], "a draw from numpy's global RNG"
     assert random.getstate() == states[2], "a draw from Python's global RNG"
 
 
