@@ -322,6 +322,19 @@ def test_a_file_from_another_step_is_refused(tmp_path, name):
     assert e.value.site == "checkpoint.step_mismatch"
 
 
+def test_a_file_listed_with_another_step_is_refused_by_the_listing(tmp_path):
+    """A sidecar of step 10 copied with its state.json entry: the listing refuses it before any file is read."""
+    old = save(tmp_path, 10)
+    new = save(tmp_path, 20)
+    shutil.copy(old / "engram.safetensors", new / "engram.safetensors")
+    meta = json.loads((new / "state.json").read_text())
+    meta["files"]["engram.safetensors"] = json.loads((old / "state.json").read_text())["files"]["engram.safetensors"]
+    (new / "state.json").write_text(json.dumps(meta))
+    with pytest.raises(FallbackRefused, match=r"engram\.safetensors is listed with step 10, state.json says 20") as e:
+        checkpoint.load(tmp_path)
+    assert e.value.site == "checkpoint.step_mismatch"
+
+
 def test_a_pointer_to_a_missing_directory_is_refused(tmp_path):
     save(tmp_path, 10, best=2.5)
     save(tmp_path, 20, prev_best=(2.5, 10))

@@ -2,7 +2,8 @@
 
 The convention: a line that publishes a measured figure names its record on the same line,
 `1.9808 bpb (evidence/recipe-h100.json)`. Every decimal number on that line (outside backticks) must be
-one of the record's numbers, written to its last digit; a line with a measured unit and no record fails.
+one of the record's numbers, written to its last digit; a line with a measured unit or a signed difference and
+no record fails, and so does a table row with a decimal figure and no record (a config field's row aside).
 """
 
 import json
@@ -19,8 +20,10 @@ KEYS = {"figure", "value", "unit", "row", "command", "card", "commit", "date", "
 CITE = re.compile(r"evidence/([A-Za-z0-9._-]+\.json)")
 # A decimal figure: 1.9808, 36.80, 8.90e5, 1e6 (not a part of a version such as 2.13.0 or a name).
 NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+(?:e[+-]?\d+)?|\d+e[+-]?\d+)(?![\w.]*\d)")
-# A measured figure: a decimal number followed by one of these units.
-MEASURED = re.compile(r"\d\.\d+(?:e[+-]?\d+)?\s*(?:bpb|ms|tokens/s|tok/s|bytes/s|s)(?![\w])")
+# A measured figure: a decimal number followed by one of these units, or a signed difference (+0.0180, −0.0046).
+MEASURED = re.compile(r"\d\.\d+(?:e[+-]?\d+)?\s*(?:bpb|ms|tokens/s|tok/s|bytes/s|s)(?![\w])|(?<![\w.])[+−]\d+\.\d+")
+# A glossary row of a config field: its figures are the code's default and range (tests/test_docs.py).
+FIELD_ROW = re.compile(r"^\| `[a-z_0-9]+` \| `--")
 MAX_BYTES = 2 * 1024 * 1024
 
 
@@ -104,8 +107,18 @@ def test_every_measured_figure_names_its_record(doc):
             raise AssertionError(f"{doc.relative_to(ROOT)}:{i} publishes a measurement without its record: {line}")
 
 
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_decimal_figure_in_a_table_names_its_record(doc):
+    for i, line in enumerate(doc.read_text().splitlines(), 1):
+        table_row = line.startswith("|") and not FIELD_ROW.match(line)
+        if table_row and NUMBER.findall(prose(line)) and not CITE.search(line):
+            raise AssertionError(f"{doc.relative_to(ROOT)}:{i}: a table row with a figure and no record: {line}")
+
+
 def test_the_checks_catch_a_changed_figure():
     rec = [Decimal("1.9808"), Decimal("36.80"), Decimal("890000.0")]
     assert holds("1.9808", rec) and holds("1.98", rec) and holds("8.90e5", rec) and holds("36.8", rec)
     assert not holds("1.9818", rec) and not holds("36.90", rec) and not holds("8.80e5", rec)
     assert NUMBER.findall(prose("torch 2.13.0 and `--lr 3e-3`: 1.9808 bpb (evidence/x.json)")) == ["1.9808"]
+    assert MEASURED.search("depth 3 costs +0.0180 [+0.0056, +0.0304]") and MEASURED.search("ends −0.0046 from")
+    assert not MEASURED.search("version 2.13.0, `x+1.5`, 1e+5 rows")

@@ -69,14 +69,47 @@ def test_swiglu_matches_hand_written_formula():
     torch.testing.assert_close(y, ref, rtol=0, atol=1e-14)
 
 
-def test_factory_with_one_expert_is_exactly_the_dense_swiglu():
-    ffn = make_ffn(8, 24, 1, 1, init(1))
-    assert type(ffn) is SwiGLU
-    assert not any("router" in name for name, _ in ffn.named_parameters())
-    dense = SwiGLU(8, 24, generator=init(1))
-    x = randn(2, 5, 8, dtype=torch.float32)
-    y, aux = ffn(x)
-    assert torch.equal(y, dense(x)[0]) and aux == {}
+def swiglu_grads(ffn: SwiGLU, x: torch.Tensor, r: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The gradients of Σ r·ffn(x) over tokens x, r `[N, d]`, float64, derived by hand: h = silu(a)·u with
+    a = W_gate x, u = W_up x; silu'(a) = σ(a)(1 + a(1 − σ(a)))."""
+    wg, wu, wd = (w.detach().double() for w in (ffn.w_gate.weight, ffn.w_up.weight, ffn.w_down.weight))
+    a, u = x @ wg.T, x @ wu.T
+    s = 1 / (1 + torch.exp(-a))
+    dh = r @ wd
+    da, du = dh * u * s * (1 + a * (1 - s)), dh * a * s
+    return {
+        "x": da @ wg + du @ wu,
+        "w_gate.weight": da.T @ x,
+        "w_up.weight": du.T @ x,
+        "w_down.weight": r.T @ (a * s * u),
+    }
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
+def test_one_expert_is_the_dense_swiglu_in_outputs_and_gradients(dense):
+    # make_ffn builds the plain SwiGLU for one expert, no router: exact because a mixture of one expert weighs
+    # it by softmax of one logit = 1, and that weight's gradient (the router's) is 0. Same weights, float64.
+    moe = MoE(8, 24, 1, 1, generator=init(1), dense=dense).double()
+    ffn = make_ffn(8, 24, 1, 1, init(2))
+    assert type(ffn) is SwiGLU and not any("router" in name for name, _ in ffn.named_parameters())
+    ffn.double().load_state_dict(moe.experts[0].state_dict())
+    x, r = randn(10, 8, seed=1), randn(10, 8, seed=2)
+    want = swiglu_grads(moe.experts[0], x, r)
+    ref = torch.stack([swiglu_ref(moe.experts[0], x[n]) for n in range(10)])
+    for module, expert in ((moe, moe.experts[0]), (ffn, ffn)):
+        xg = x.clone().requires_grad_()
+        y, aux = module(xg)
+        torch.testing.assert_close(y, ref, rtol=0, atol=1e-13)
+        if module is moe:
+            assert aux["moe_balance"].item() == 1.0  # f = P = 1
+            ((y * r).sum() + aux["moe_balance"]).backward()
+        else:
+            assert aux == {}
+            (y * r).sum().backward()
+        torch.testing.assert_close(xg.grad, want["x"], rtol=0, atol=1e-12)
+        for name, p in expert.named_parameters():
+            torch.testing.assert_close(p.grad, want[name], rtol=0, atol=1e-12, msg=name)
+    assert moe.router.weight.grad.abs().max().item() == 0.0
     assert isinstance(make_ffn(8, 24, 3, 2, init(1)), MoE)
 
 

@@ -138,6 +138,23 @@ def test_every_iteration_takes_in_every_byte_when_iterations_are_skipped():
     assert [kv.length for kv in cache.mixers] == [7] * 4  # (2 iterations × 2 layers), skipped ones included
 
 
+def test_early_exit_is_taken_exactly_where_every_row_s_first_iteration_is_confident():
+    # The first iteration's states take in the bytes alone, whatever was skipped before: its logits at every
+    # position are the by-hand forward's, so the exit rule can be checked position by position.
+    model = tiny_model(sharpen=10.0)
+    x = torch.randint(0, 256, (2, 24), generator=rng.generator(0, 2, "test"))
+    by_hand, _ = first_iteration_by_hand(model, x)
+    top1 = torch.softmax(by_hand.double(), dim=-1).amax(-1)  # [2, 24], fp64
+    threshold = 0.5
+    assert (top1 - threshold).abs().min() > 5e-3  # no position is a rounding away from the other side
+    confident = (top1 >= threshold).all(0)
+    assert 0 < int(confident.sum()) < 24
+    assert bool(((top1 >= threshold).any(0) & ~confident).any())  # a position where one row alone is confident
+    logits, iterations, _ = step_through(model, x, exit_threshold=threshold)
+    assert iterations == [1 if c else 2 for c in confident.tolist()]
+    torch.testing.assert_close(logits[:, confident], by_hand[:, confident], atol=1e-5, rtol=0)
+
+
 def test_early_exit_is_deterministic_and_a_split_decode_equals_one_go():
     model = tiny_model(sharpen=10.0)  # after one iteration the top-1 probability spreads over ~0.15 … 0.91
     settings = {"temperature": 1.0, "seed": 1, "exit_threshold": 0.6}

@@ -1,3 +1,5 @@
+import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -14,12 +16,50 @@ def test_the_modules_all_sites_skips_register_nothing():
         assert "ledger" not in source and "register(" not in source, name
 
 
-def test_every_site_has_a_kind_and_a_reason():
+def site_uses() -> list[tuple[str, str, ledger.Kind]]:
+    """Every use of a site in dormouse/, as (file:line, site, the kind the use needs): `ledger.count(site)`
+    needs COUNTED; `ledger.refuse(site, …)` and fused_or_plain's `resolve(…, site=site)` and
+    `required(found, site, …)`, which refuse at it, need LOUD. A site is a string or a module global."""
+    uses = []
+    for path in sorted((ROOT / "dormouse").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner, name = getattr(node.func.value, "id", None), node.func.attr
+            if owner == "ledger" and name in ("count", "refuse"):
+                arg = node.args[0]
+            elif owner == "fused_or_plain" and name == "resolve":
+                (arg,) = [k.value for k in node.keywords if k.arg == "site"]
+            elif owner == "fused_or_plain" and name == "required":
+                arg = node.args[1]
+            else:
+                continue
+            if module == "dormouse.model.fused_or_plain" and getattr(arg, "id", None) == "site":
+                continue  # the parameter: its callers' sites are the uses above
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            site = arg.value if isinstance(arg, ast.Constant) else getattr(importlib.import_module(module), arg.id)
+            uses.append((where, site, ledger.Kind.COUNTED if name == "count" else ledger.Kind.LOUD))
+    return uses
+
+
+def test_every_site_is_used_as_the_kind_it_is_registered_with():
+    sites = {s.name: s for s in ledger.all_sites()}
+    uses = site_uses()
+    for where, site, kind in uses:
+        assert site in sites, f"{where} uses ledger site {site!r}, which is not registered"
+        assert sites[site].kind is kind, (
+            f"{where} uses {site} as {kind.value}; it is registered {sites[site].kind.value}"
+        )
+    unused = set(sites) - {site for _, site, _ in uses}
+    assert not unused, f"registered ledger sites that no code counts or refuses at: {sorted(unused)}"
+
+
+def test_every_site_has_a_reason():
     sites = ledger.all_sites()
     assert sites, "the ledger is empty"
     for s in sites:
-        assert s.kind in (ledger.Kind.LOUD, ledger.Kind.COUNTED)
-        assert s.reason.strip() and "\n" not in s.reason
+        assert s.reason.strip() and "\n" not in s.reason, s.name
 
 
 def test_misuse_is_refused():

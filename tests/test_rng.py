@@ -1,8 +1,9 @@
-import random
+"""The keyed streams of dormouse/rng.py. That no code draws from torch's, numpy's or Python's global stream is
+held by a whole run: tests/test_trainer.py::test_a_run_with_every_random_arm_draws_nothing_from_the_global_rngs."""
+
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -36,10 +37,3 @@ def test_unknown_purpose_and_negative_refused():
         rng.generator(0, 0, "bacth")
     with pytest.raises(ValueError, match="step must be >= 0"):
         rng.generator(0, -1, "batch")
-
-
-def test_global_rng_is_not_touched():
-    torch.manual_seed(1), np.random.seed(1), random.seed(1)
-    before = torch.random.get_rng_state()
-    rng.generator(5, 5, "batch")
-    assert torch.equal(before, torch.random.get_rng_state())

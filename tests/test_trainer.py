@@ -5,9 +5,11 @@ import dataclasses
 import json
 import math
 import os
+import random
 import re
 import signal
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -458,6 +460,24 @@ def test_dropout_with_rand_depth_and_the_auxiliary_heads(corpus, tmp_path):
     a, b = fresh(cfg, corpus, tmp_path / "a"), fresh(cfg, corpus, tmp_path / "b")
     assert [a.train_step(s) for s in range(3)] == [b.train_step(s) for s in range(3)]
     assert a.step_depth(0) != a.step_depth(1)  # two depths drawn: 2, 1 (pinned above)
+
+
+def test_a_run_with_every_random_arm_draws_nothing_from_the_global_rngs(corpus, tmp_path):
+    # dormouse/rng.py: every draw comes from a keyed generator. A draw from torch's, numpy's or Python's
+    # global stream anywhere in building, a step, an eval or a checkpoint moves that stream's state.
+    arms = {"dropout": 0.2, "drop_path": 0.2, "engram_dropout": 0.2, "depth": 3, "n_experts": 2}
+    arms |= {"jepa_weight": 0.1, "dspark_weight": 0.1}
+    cfg = tiny_config(arms, steps=4, eval_every=2, ckpt_every=2, rand_depth=True, byte_noise=0.2)
+    torch.manual_seed(5), np.random.seed(5), random.seed(5)
+    states = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+    fresh(cfg, corpus, tmp_path / "r").run_loop(until_step=2)
+    resumed = fresh(cfg, corpus, tmp_path / "r", resume=True)
+    resumed.run_loop()
+    assert resumed.step == 4 and len(evals(tmp_path / "r")) == 2
+    assert torch.equal(torch.random.get_rng_state(), states[0]), "a draw from torch's global RNG"
+    now, was = np.random.get_state(), states[1]
+    assert now[0] == was[0] and np.array_equal(now[1], was[1]) and now[2:] == was[2:], "a draw from numpy's global RNG"
+    assert random.getstate() == states[2], "a draw from Python's global RNG"
 
 
 # ---- the result: the best held-out eval; early stopping ---------------------------------------------------------

@@ -39,6 +39,15 @@ def test_a_nan_draft_head_stops_the_eval_naming_dspark(corpus):
         score(model, corpus, 32)
 
 
+def test_a_nan_cross_entropy_stops_the_held_out_score_itself(corpus):
+    # heldout_score is read without an eval record too (`dormouse ab`): its own check stops a NaN.
+    model = dspark_model()
+    with torch.no_grad():
+        model.final_norm.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match="held-out cross-entropy is nan"):
+        score(model, corpus, 32)
+
+
 def test_no_window_that_fits_reads_n_a(corpus):
     held = score(dspark_model(), corpus, 16)  # 16 bytes < dspark_k + 1 + stride: no anchor
     assert held.aux == {"dspark": None, "jepa": "off"}

@@ -6,6 +6,7 @@ import pytest
 
 from dormouse.cli import build_parser, main
 from dormouse.config_flags import resume_config
+from dormouse.errors import ConfigError
 from dormouse.runs import run_config
 from reliability.tiny import one_error_line
 
@@ -39,6 +40,13 @@ def test_resume_with_fewer_steps_than_done_says_so_and_writes_nothing(run, capsy
     assert said == f"{run} is at step 3 and --steps is 2: nothing left to train"
     assert result.startswith("result: best held-out ") and result.endswith(" bpb at step 3")
     assert {name: (run / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize("flag,value", [("--lr", "0.5"), ("--d-model", "64"), ("--seed", "7"), ("--engram", None)])
+def test_a_flag_that_may_not_change_on_resume_is_refused_by_name(run, flag, value):
+    args = build_parser().parse_args(["train", "--resume", str(run), flag, *([value] if value else [])])
+    with pytest.raises(ConfigError, match=rf"^{flag} cannot change on --resume: only --steps, --minutes, "):
+        resume_config(run_config(run), args)
 
 
 @pytest.mark.parametrize(
