@@ -29,6 +29,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _inspect_run(run: Path, plot: bool) -> int:
+    from dormouse import run_lock
+
+    with run_lock.held(run, "inspect --plot") if plot else contextlib.nullcontext():  # --plot writes curves.png
+        return _summarise_run(run, plot)
+
+
+def _summarise_run(run: Path, plot: bool) -> int:
     from dormouse import checkpoint
     from dormouse.plots import plot_curves
 
@@ -96,6 +103,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as hold:
         if writer:  # one writer per run directory: a second `train` on it is refused (dormouse/run_lock.py)
             hold.enter_context(run_lock.held(run, "train"))
+            if history is not None and history.resolve().parent != Path(run).resolve():  # another run's TSV
+                hold.enter_context(run_lock.held_for(history, "train --record"))
         with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (ddp, fsdp)
             trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume), world=world)
             try:
@@ -207,10 +216,18 @@ def _eval_depths(asked: str | None, model_depth: int) -> list[int | None]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dormouse.decode.generate import generate
-    from dormouse.runs import load_model
+    from dormouse import run_lock
+    from dormouse.tools.bench.rows import RECORD_FILE
 
     history = _history(args)
+    record_to = (history or Path(args.run) / RECORD_FILE) if args.record else None
+    with run_lock.held_for(record_to, "generate --record"):  # held from the start: a refusal loses no work
+        return _generate(args, record_to)
+
+
+def _generate(args: argparse.Namespace, record_to: Path | None) -> int:
+    from dormouse.decode.generate import generate
+    from dormouse.runs import load_model
 
     device = args.device or ("cuda" if torch_cuda() else "cpu")
     model, cfg, ck = load_model(args.run, args.ckpt, device)
@@ -238,13 +255,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"loop iterations per byte (iterations:bytes): {histogram}; mean {mean:.2f}", file=sys.stderr)
     if result.acceptance is not None:
         print(result.acceptance, file=sys.stderr)
-    if args.record:
-        from dormouse import run_lock
+    if record_to is not None:
         from dormouse.tools.bench.provenance import git_commit, repo_root
-        from dormouse.tools.bench.rows import RECORD_FILE, append_row
+        from dormouse.tools.bench.rows import append_row
         from dormouse.tools.decode_row import decode_row
-
-        history = history or Path(args.run) / RECORD_FILE
 
         flags = {"--speculative": args.speculative, f"--gen-max-iter {args.gen_max_iter}": args.gen_max_iter}
         flags["--cuda-graph"] = args.cuda_graph
@@ -260,10 +274,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             commit=git_commit(repo_root()),
             log=str(ck.path),
         )
-        in_run = history.resolve().parent == Path(args.run).resolve()
-        with run_lock.held(args.run, "generate --record") if in_run else contextlib.nullcontext():
-            append_row(history, row)
-        print(f"generate: appended a row (dormouse-decode) to {history}", file=sys.stderr)
+        append_row(record_to, row)
+        print(f"generate: appended a row (dormouse-decode) to {record_to}", file=sys.stderr)
     return 0
 
 

@@ -38,6 +38,15 @@ def held(run: str | os.PathLike, command: str) -> Iterator[Path]:
         os.close(fd)
 
 
+def held_for(path: str | os.PathLike | None, command: str) -> contextlib.AbstractContextManager:
+    """Hold, for the block, the lock of the run directory that file `path` is written into (a history TSV
+    given by `--history`); nothing when `path` is None or its folder is not a run directory (no config.json)."""
+    folder = None if path is None else Path(path).resolve().parent
+    if folder is None or not (folder / "config.json").is_file():
+        return contextlib.nullcontext()
+    return held(folder, command)
+
+
 def _acquire(path: Path, command: str) -> int:
     me = {"host": socket.gethostname(), "pid": os.getpid(), "command": command}
     while True:
