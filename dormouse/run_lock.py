@@ -114,10 +114,19 @@ def _fate(holder: dict) -> str:
     """Whether the recorded holder is known to be dead: only a pid on this host can be checked."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return "ran on another host: it may still run there (flock is not shared across hosts) or was stopped"
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
+    if gone(holder["host"], holder["pid"]):
         return "is no longer running: it was stopped without releasing it (killed?)"
+    return "holds no flock on it (its pid is in use again, or this filesystem has no flock)"
+
+
+def gone(host: str, pid: int) -> bool:
+    """Whether process `pid` of `host` is known to have ended: only a pid of this host can be checked."""
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
     except PermissionError:
         pass
-    return "holds no flock on it (its pid is in use again, or this filesystem has no flock)"
+    return False
