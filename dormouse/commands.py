@@ -229,6 +229,8 @@ def _generate(args: argparse.Namespace, record_to: Path | None) -> int:
     from dormouse.decode.generate import generate
     from dormouse.runs import load_model
 
+    if args.out:
+        _check_writable(Path(args.out))
     device = args.device or ("cuda" if torch_cuda() else "cpu")
     model, cfg, ck = load_model(args.run, args.ckpt, device)
     result = generate(
@@ -277,6 +279,19 @@ def _generate(args: argparse.Namespace, record_to: Path | None) -> int:
         append_row(record_to, row)
         print(f"generate: appended a row (dormouse-decode) to {record_to}", file=sys.stderr)
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse an `--out` file that cannot be written before the work whose result it would hold: opened
+    for appending (nothing in it changes), and removed again when it did not exist."""
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write it ({e.strerror}); give a writable file") from e
+    if not existed:
+        path.unlink()
 
 
 def torch_cuda() -> bool:

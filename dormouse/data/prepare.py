@@ -148,12 +148,12 @@ def write_corpus(
         if validation_tail is not None:  # the held-out split is a validation slice; the tail is left out
             heldout = {"mode": "tail-validation", "fraction": heldout_tail, "validation": validation_tail}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_killed_writes(out)
     tmp = out.parent / f"{_tmp_prefix(out)}{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
     writers = {split: _ShardWriter(tmp, split, shard_bytes) for split in SPLITS}
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_killed_writes(out)
+        tmp.mkdir()
         if heldout["mode"] == "document":
             sources = [_copy(d, writers["heldout" if d.name in held else "train"].write) for d in docs]
         else:
