@@ -78,15 +78,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dormouse.config_flags import config_from_args, resume_config
     from dormouse.parallel.world import joined
     from dormouse.plots import plot_curves
-    from dormouse.runs import make_run_dir, open_corpus, result_line, run_config, run_corpus, run_meta
+    from dormouse.runs import (
+        check_config_json,
+        make_run_dir,
+        open_corpus,
+        result_line,
+        run_config,
+        run_corpus,
+        run_meta,
+    )
     from dormouse.train.trainer import Trainer
 
     history = _history(args)
     writer = int(os.environ.get("RANK", "0")) == 0  # rank 0 alone writes the run directory
     if args.resume:
-        cfg = resume_config(run_config(args.resume), args)
         run = args.resume
         done = checkpoint.last_step(run)
+        if done is not None:
+            check_config_json(run)  # before anything is built from it
+        cfg = resume_config(run_config(run), args)
         if done is not None and done >= cfg.train.steps:  # Lightning's max_steps: a finished fit, not an error
             print(f"{run} is at step {done} and --steps is {cfg.train.steps}: nothing left to train")
             meta = run_meta(run)

@@ -21,6 +21,8 @@ def records(run: str | Path) -> list[dict]:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         return []
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path} is not UTF-8 text ({e}); restore it from a copy") from None
     return [_record(path, n, line) for n, line in enumerate(lines, 1)]
 
 

@@ -184,3 +184,27 @@ def test_generate_refuses_an_out_it_cannot_write_before_generating(run, tmp_path
         assert main(["generate", str(run), "--prompt", "a", "--out", str(out)]) == 2
         assert one_error_line(capsys.readouterr().err).startswith(f"error: --out {out}: cannot write it ({cause}")
     assert kept.read_text() == "x"
+
+
+@pytest.mark.parametrize("removed", ["train", "train.device", "model.d_model"])
+def test_a_config_json_with_a_field_removed_is_refused_naming_it(run, capsys, removed):
+    config = json.loads((run / "config.json").read_text())
+    section, _, key = removed.partition(".")
+    del (config[section] if key else config)[key or section]
+    (run / "config.json").write_text(json.dumps(config))
+    for args in (["eval", str(run)], ["train", "--resume", str(run), "--steps", "6"]):
+        assert main(args) == 2, args
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {removed} is None in {run / 'config.json'}, but checkpoint ") and line.endswith(
+            f"restore {removed}"
+        )
+    assert checkpoint.last_step(run) == 3 and not (run / ".lock").exists()
+
+
+def test_a_metrics_jsonl_that_is_not_text(run, capsys):
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b"\xff\xfe\n")
+    for args in (["eval", str(run)], ["train", "--resume", str(run), "--steps", "6"], ["inspect", str(run)]):
+        assert main(args) == 2, args
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {run / 'metrics.jsonl'} is not UTF-8 text (")
