@@ -18,7 +18,8 @@ directory back and verifying it is dormouse/checkpoint_files.py's.
 state.json is sealed: the model file's metadata holds the sha256 of its body (every key but `files`,
 which the model file's own hash is in), so a hand edit of state.json (a lowered best_bpb, another
 run_id) is refused at load, naming state.json. The `best` pointer and a checkpoint's best_bpb must
-agree with the sealed state.json of the best directory.
+agree with the sealed state.json of the best directory, and with the run's metrics.jsonl: its eval
+records up to the checkpoint's step score their lowest bpb at best_step (dormouse/metrics.py).
 
 A save writes everything into `.tmp-step-<N>-<random>/`, fsyncs each file and the directory, renames
 it to `step-<N>`, then replaces `last` (and `best`) atomically, then prunes. A writer killed at any
@@ -53,7 +54,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from dormouse import ledger
+from dormouse import ledger, metrics
 from dormouse.checkpoint_files import (
     FILE_MISSING,
     FORMAT,
@@ -191,9 +192,11 @@ def load(run_dir: str | os.PathLike, which: str | os.PathLike = "last", *, devic
     """
     path, pointed = resolve(Path(run_dir) / "ckpt", which)
     try:
-        return load_dir(path, pointed, which, device)
+        ck = load_dir(path, pointed, which, device)
     except FileNotFoundError as e:  # checked present, then gone: a concurrent save pruned it
         raise ledger.refuse(FILE_MISSING, f"{e.filename} vanished while it was being loaded") from e
+    metrics.check_best(run_dir, ck.state, path)
+    return ck
 
 
 def best_bpb(run_dir: str | os.PathLike) -> float | None:

@@ -35,6 +35,13 @@ def _four_digits(value):
 
 
 def _inspect_run(run: Path, plot: bool) -> int:
+    from dormouse import run_lock
+
+    with run_lock.held(run, "inspect --plot") if plot else contextlib.nullcontext():  # --plot writes curves.png
+        return _summarise_run(run, plot)
+
+
+def _summarise_run(run: Path, plot: bool) -> int:
     from dormouse import checkpoint
     from dormouse.plots import plot_curves
 
@@ -79,15 +86,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dormouse.config_flags import config_from_args, resume_config
     from dormouse.parallel.world import joined
     from dormouse.plots import plot_curves
-    from dormouse.runs import make_run_dir, open_corpus, result_line, run_config, run_corpus, run_meta
+    from dormouse.runs import (
+        check_config_json,
+        make_run_dir,
+        open_corpus,
+        result_line,
+        run_config,
+        run_corpus,
+        run_meta,
+    )
     from dormouse.train.trainer import Trainer
 
     history = _history(args)
     writer = int(os.environ.get("RANK", "0")) == 0  # rank 0 alone writes the run directory
     if args.resume:
-        cfg = resume_config(run_config(args.resume), args)
         run = args.resume
         done = checkpoint.last_step(run)
+        if done is not None:
+            check_config_json(run)  # before anything is built from it
+        cfg = resume_config(run_config(run), args)
         if done is not None and done >= cfg.train.steps:  # Lightning's max_steps: a finished fit, not an error
             print(f"{run} is at step {done} and --steps is {cfg.train.steps}: nothing left to train")
             meta = run_meta(run)
@@ -104,6 +121,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as hold:
         if writer:  # one writer per run directory: a second `train` on it is refused (dormouse/run_lock.py)
             hold.enter_context(run_lock.held(run, "train"))
+            if history is not None and history.resolve().parent != Path(run).resolve():  # another run's TSV
+                hold.enter_context(run_lock.held_for(history, "train --record"))
         with joined(cfg.train) as world:  # one process alone, or this rank of a torchrun job (ddp, fsdp)
             trainer = Trainer(cfg, corpus, run, corpus_note=note, resume=bool(args.resume), world=world)
             try:
@@ -215,11 +234,21 @@ def _eval_depths(asked: str | None, model_depth: int) -> list[int | None]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from dormouse import run_lock
+    from dormouse.tools.bench.rows import RECORD_FILE
+
+    history = _history(args)
+    record_to = (history or Path(args.run) / RECORD_FILE) if args.record else None
+    with run_lock.held_for(record_to, "generate --record"):  # held from the start: a refusal loses no work
+        return _generate(args, record_to)
+
+
+def _generate(args: argparse.Namespace, record_to: Path | None) -> int:
     from dormouse.decode.generate import generate
     from dormouse.runs import load_model
 
-    history = _history(args)
-
+    if args.out:
+        _check_writable(Path(args.out))
     device = args.device or ("cuda" if torch_cuda() else "cpu")
     model, cfg, ck = load_model(args.run, args.ckpt, device)
     result = generate(
@@ -246,13 +275,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"loop iterations per byte (iterations:bytes): {histogram}; mean {mean:.2f}", file=sys.stderr)
     if result.acceptance is not None:
         print(result.acceptance, file=sys.stderr)
-    if args.record:
-        from dormouse import run_lock
+    if record_to is not None:
         from dormouse.tools.bench.provenance import git_commit, repo_root
-        from dormouse.tools.bench.rows import RECORD_FILE, append_row
+        from dormouse.tools.bench.rows import append_row
         from dormouse.tools.decode_row import decode_row
-
-        history = history or Path(args.run) / RECORD_FILE
 
         flags = {"--speculative": args.speculative, f"--gen-max-iter {args.gen_max_iter}": args.gen_max_iter}
         flags["--cuda-graph"] = args.cuda_graph
@@ -268,11 +294,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
             commit=git_commit(repo_root()),
             log=str(ck.path),
         )
-        in_run = history.resolve().parent == Path(args.run).resolve()
-        with run_lock.held(args.run, "generate --record") if in_run else contextlib.nullcontext():
-            append_row(history, row)
-        print(f"generate: appended a row (dormouse-decode) to {history}", file=sys.stderr)
+        append_row(record_to, row)
+        print(f"generate: appended a row (dormouse-decode) to {record_to}", file=sys.stderr)
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse an `--out` file that cannot be written before the work whose result it would hold: opened
+    for appending (nothing in it changes), and removed again when it did not exist."""
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write it ({e.strerror}); give a writable file") from e
+    if not existed:
+        path.unlink()
 
 
 def torch_cuda() -> bool:

@@ -14,12 +14,11 @@ does not depend on the world size.
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from dormouse import counters, ledger
+from dormouse import counters, ledger, metrics
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import DormouseError
@@ -205,5 +204,4 @@ def append_jsonl(path, record: dict) -> None:
 
 def eval_records(run) -> list[dict]:
     """The eval records of run directory `run`'s metrics.jsonl, in order."""
-    records = map(json.loads, (Path(run) / "metrics.jsonl").read_text().splitlines())
-    return [r for r in records if r["kind"] == "eval"]
+    return [r for r in metrics.records(run) if r["kind"] == "eval"]

@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+from dormouse import metrics
+
 
 def _pyplot():
     import matplotlib
@@ -18,7 +20,7 @@ def _pyplot():
 def plot_curves(run: str | Path) -> Path:
     plt = _pyplot()
     run = Path(run)
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics.records(run)
     config = json.loads((run / "config.json").read_text())["train"]
     bytes_per_step = config["batch_size"] * config["seq_len"]
     train = [(r["step"], r["ce"] / math.log(2)) for r in records if r["kind"] == "train"]

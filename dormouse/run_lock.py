@@ -38,6 +38,15 @@ def held(run: str | os.PathLike, command: str) -> Iterator[Path]:
         os.close(fd)
 
 
+def held_for(path: str | os.PathLike | None, command: str) -> contextlib.AbstractContextManager:
+    """Hold, for the block, the lock of the run directory that file `path` is written into (a history TSV
+    given by `--history`); nothing when `path` is None or its folder is not a run directory (no config.json)."""
+    folder = None if path is None else Path(path).resolve().parent
+    if folder is None or not (folder / "config.json").is_file():
+        return contextlib.nullcontext()
+    return held(folder, command)
+
+
 def _acquire(path: Path, command: str) -> int:
     me = {"host": socket.gethostname(), "pid": os.getpid(), "command": command}
     while True:
@@ -105,10 +114,19 @@ def _fate(holder: dict) -> str:
     """Whether the recorded holder is known to be dead: only a pid on this host can be checked."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return "ran on another host: it may still run there (flock is not shared across hosts) or was stopped"
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
+    if gone(holder["host"], holder["pid"]):
         return "is no longer running: it was stopped without releasing it (killed?)"
+    return "holds no flock on it (its pid is in use again, or this filesystem has no flock)"
+
+
+def gone(host: str, pid: int) -> bool:
+    """Whether process `pid` of `host` is known to have ended: only a pid of this host can be checked."""
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
     except PermissionError:
         pass
-    return "holds no flock on it (its pid is in use again, or this filesystem has no flock)"
+    return False

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from dormouse import checkpoint
+from dormouse.checkpoint_files import sealed_state
 from dormouse.config import Config
 from dormouse.config_flags import RESUMABLE, RESUMABLE_FLAGS
 from dormouse.data.default_corpus import default_corpus_dir, describe_default_corpus
@@ -114,14 +115,26 @@ def config_changes(config: dict, ck: checkpoint.Checkpoint, where: str) -> dict[
     """{field: [checkpoint's value, `config`'s value]} of the RESUMABLE fields that differ between
     `config` (a Config.to_dict) and the config checkpoint `ck` was trained with; any other difference
     is refused naming the field: it shapes the model, its tables or its training."""
-    saved = ck.state["extra"].get("config")
+    return _config_changes(config, ck.state, ck.path, where)
+
+
+def check_config_json(run: str | Path) -> None:
+    """RUN/config.json against the config its `last` checkpoint was trained with (its sealed state.json,
+    no tensors read), before a resume builds anything from it: an edit outside RESUMABLE is refused, a
+    field or section removed included."""
+    path = Path(run) / "ckpt" / checkpoint.step_dir_name(checkpoint.last_step(run))
+    _config_changes(run_config_dict(run), sealed_state(path), path, f"{Path(run) / 'config.json'}")
+
+
+def _config_changes(config: dict, state: dict, path: Path, where: str) -> dict[str, list]:
+    saved = state["extra"].get("config") if isinstance(state.get("extra"), dict) else None
     if not isinstance(saved, dict):
-        raise ConfigError(f"{ck.path} records no config: it was not written by `dormouse train`")
+        raise ConfigError(f"{path} records no config: it was not written by `dormouse train`")
     changed = {}
     for name, value, was in _differences(config, saved):
         if name not in RESUMABLE:
             raise ConfigError(
-                f"{name} is {value!r} in {where}, but checkpoint {ck.path} was trained with {was!r}: only "
+                f"{name} is {value!r} in {where}, but checkpoint {path} was trained with {was!r}: only "
                 f"{RESUMABLE_FLAGS} may differ; restore {name}"
             )
         changed[name] = [was, value]

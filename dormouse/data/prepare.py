@@ -25,7 +25,9 @@ it contributed, i.e. after decompression), totals per split, and the corpus fing
 the lines `"<shard path> <shard sha256>\\n"` in manifest order.
 
 The corpus is written into a temporary sibling of `out`, fsynced, then renamed to `out`: a failure
-leaves nothing under the final name, and an existing non-empty `out` is never touched.
+leaves nothing under the final name, and an existing non-empty `out` is never touched. A failure that
+raises removes the temporary folder; one left by a prepare that was killed is removed by the next
+prepare of the same `out` on that host.
 """
 
 import contextlib
@@ -35,12 +37,14 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dormouse import run_lock
 from dormouse.errors import DataError
 
 FORMAT_VERSION = 1
@@ -144,11 +148,12 @@ def write_corpus(
         if validation_tail is not None:  # the held-out split is a validation slice; the tail is left out
             heldout = {"mode": "tail-validation", "fraction": heldout_tail, "validation": validation_tail}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = out.parent / f"{_tmp_prefix(out)}{os.getpid()}-{secrets.token_hex(4)}"
     writers = {split: _ShardWriter(tmp, split, shard_bytes) for split in SPLITS}
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_killed_writes(out)
+        tmp.mkdir()
         if heldout["mode"] == "document":
             sources = [_copy(d, writers["heldout" if d.name in held else "train"].write) for d in docs]
         else:
@@ -182,6 +187,21 @@ def write_corpus(
         if tmp.exists():
             shutil.rmtree(tmp)
     return manifest
+
+
+def _tmp_prefix(out: Path) -> str:
+    """The temporary folders of `out` written on this host: `.NAME.tmp-HOST-PID-RANDOM`."""
+    return f".{out.name}.tmp-{socket.gethostname()}-"
+
+
+def _remove_killed_writes(out: Path) -> None:
+    """Remove the temporary folders of `out` left by a prepare on this host that was killed (its pid has
+    ended). One of a running prepare, or of another host, is left alone."""
+    prefix = _tmp_prefix(out)
+    for entry in out.parent.iterdir():
+        pid = entry.name.removeprefix(prefix).split("-")[0]
+        if entry.name.startswith(prefix) and pid.isdigit() and run_lock.gone(socket.gethostname(), int(pid)):
+            shutil.rmtree(entry)
 
 
 def fingerprint(shards: list[dict]) -> str:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from dormouse import run_lock
 from dormouse.config import Config
 from dormouse.config_flags import add_config_flags, config_from_args
 from dormouse.data.shards import Corpus
@@ -206,6 +207,12 @@ def for_round(cfg: Config, seed: int, steps: int) -> Config:
 def run_arm(cfg: Config, corpus: Corpus, note: str, run_dir: Path, *, eval_depths: bool = False) -> dict:
     """Train one arm in one seed round; score its final model on the full held-out walk (with `eval_depths`
     also at every loop depth: `bpb_by_depth`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock.held(run_dir, "ab"):  # as `train` holds its run: a `train --resume` of it meanwhile is refused
+        return _train_and_score(cfg, corpus, note, run_dir, eval_depths)
+
+
+def _train_and_score(cfg: Config, corpus: Corpus, note: str, run_dir: Path, eval_depths: bool) -> dict:
     load_start = os.getloadavg()[0]
     trainer = Trainer(cfg, corpus, run_dir, corpus_note=note)
     last = trainer.run_loop()
@@ -261,6 +268,11 @@ def cli(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
+    with run_lock.held_for(args.history if args.record else None, "ab --record"):  # a run's TSV: from the start
+        return _compare_each(args, out)
+
+
+def _compare_each(args: argparse.Namespace, out: Path) -> int:
     if len(args.b) == 1:
         compare(argparse.Namespace(**{**vars(args), "b": args.b[0], "out": out}))
         return 0

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from dormouse import checkpoint
+from dormouse import checkpoint, metrics
 from dormouse.config import Config
 from dormouse.config_checks import validate
 from dormouse.errors import CheckpointError, ConfigError, DormouseError
@@ -117,12 +117,8 @@ def compare(step: int, a: dict, b: dict) -> Verdict:
 
 def recorded_ce(run: Path, step: int) -> float | None:
     """The ce the run itself logged for train_step(step) (metrics.jsonl record step+1), if it is there."""
-    path = Path(run) / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("kind") == "train" and record.get("step") == step + 1:
+    for record in metrics.records(run):
+        if record["kind"] == "train" and record["step"] == step + 1:
             return record["ce"]
     return None
 

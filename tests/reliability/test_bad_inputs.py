@@ -159,3 +159,52 @@ def test_disk_full_while_logging_is_one_line_and_the_checkpoint_loads(run, monke
     assert line == f"error: No space left on device: {run / 'metrics.jsonl'}; free space and run again"
     assert checkpoint.load(run, "last").step == 3
     assert not (run / ".lock").exists()
+
+
+def test_prepare_into_a_place_that_cannot_hold_a_corpus(tmp_path, capsys):
+    source = tmp_path / "text.txt"
+    source.write_bytes(b"abcdefgh" * 64)
+    for out, cause in (
+        ("/proc/dormouse-corpus", "No such file or directory"),
+        (source / "corpus", "File exists"),
+    ):
+        assert main(["prepare", str(source), "--out", str(out), "--heldout-tail", "0.1"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: preparing {out} failed ({cause}") and f"nothing was written under {out}" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_generate_refuses_an_out_it_cannot_write_before_generating(run, tmp_path, monkeypatch, capsys):
+    from dormouse.decode import generate
+
+    monkeypatch.setattr(generate, "generate", lambda *a, **k: pytest.fail("generated before --out was checked"))
+    kept = tmp_path / "kept.txt"
+    kept.write_text("x")
+    for out, cause in ((tmp_path, "Is a directory"), (kept / "x", "Not a directory"), ("/proc/out", "No such file")):
+        assert main(["generate", str(run), "--prompt", "a", "--out", str(out)]) == 2
+        assert one_error_line(capsys.readouterr().err).startswith(f"error: --out {out}: cannot write it ({cause}")
+    assert kept.read_text() == "x"
+
+
+@pytest.mark.parametrize("removed", ["train", "train.device", "model.d_model"])
+def test_a_config_json_with_a_field_removed_is_refused_naming_it(run, capsys, removed):
+    config = json.loads((run / "config.json").read_text())
+    section, _, key = removed.partition(".")
+    del (config[section] if key else config)[key or section]
+    (run / "config.json").write_text(json.dumps(config))
+    for args in (["eval", str(run)], ["train", "--resume", str(run), "--steps", "6"]):
+        assert main(args) == 2, args
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {removed} is None in {run / 'config.json'}, but checkpoint ") and line.endswith(
+            f"restore {removed}"
+        )
+    assert checkpoint.last_step(run) == 3 and not (run / ".lock").exists()
+
+
+def test_a_metrics_jsonl_that_is_not_text(run, capsys):
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b"\xff\xfe\n")
+    for args in (["eval", str(run)], ["train", "--resume", str(run), "--steps", "6"], ["inspect", str(run)]):
+        assert main(args) == 2, args
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {run / 'metrics.jsonl'} is not UTF-8 text (")

@@ -8,6 +8,7 @@ import os
 import queue
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import ckpt_writer  # tests/: on the path as this package's parent
 import pytest
 
 from dormouse import checkpoint, ledger
+from dormouse.data.prepare import prepare
 from dormouse.data.shards import load_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +113,7 @@ def prepare_trials(root: Path, trials: int, seed: int) -> dict:
     subprocess.run([sys.executable, "-c", PREPARE, str(source), str(root / "whole")], env=ENV, check=True)
     full = time.monotonic() - started
     want = load_corpus(root / "whole").fingerprint
-    rand, seen = random.Random(seed), {"trials": 0, "whole": 0, "absent": 0}
+    rand, seen = random.Random(seed), {"trials": 0, "whole": 0, "absent": 0, "temporary_left": 0}
     for trial in range(trials):
         out = root / f"prepared-{trial}"
         proc = subprocess.Popen([sys.executable, "-c", PREPARE, str(source), str(out)], env=ENV)
@@ -123,14 +125,34 @@ def prepare_trials(root: Path, trials: int, seed: int) -> dict:
             seen["whole"] += 1
         else:
             seen["absent"] += 1
+            seen["temporary_left"] += bool(list(root.glob(f".{out.name}.tmp-*")))
             subprocess.run([sys.executable, "-c", PREPARE, str(source), str(out)], env=ENV, check=True)
             assert load_corpus(out).fingerprint == want  # a killed prepare never blocks the next
+        assert not list(root.glob(f".{out.name}.tmp-*"))  # what the kill left, the next prepare removed
         seen["trials"] += 1
     assert sorted(json.loads((out / "manifest.json").read_text())["totals"].values()) == [
         419431,
         3774873,
     ]  # int(n * 0.9) train bytes
     return seen
+
+
+def test_prepare_removes_what_a_killed_prepare_left_and_nothing_else(tmp_path):
+    source = tmp_path / "text.txt"
+    source.write_bytes(b"abcdefgh" * 512)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    left = {
+        "killed": tmp_path / f".corpus.tmp-{host}-{int(dead.stdout)}-0a0b0c0d",
+        "running": tmp_path / f".corpus.tmp-{host}-{os.getpid()}-0a0b0c0d",
+        "another host's": tmp_path / f".corpus.tmp-elsewhere-{int(dead.stdout)}-0a0b0c0d",
+    }
+    for folder in left.values():
+        folder.mkdir()
+        (folder / "train-00000.bin").write_bytes(b"half")
+    prepare([source], tmp_path / "corpus", heldout_tail=0.1)
+    assert [name for name, folder in left.items() if folder.exists()] == ["running", "another host's"]
+    assert load_corpus(tmp_path / "corpus").split_size("train") == 3686
 
 
 def test_kill_a_checkpoint_save_at_random_times(writers, tmp_path, one_thread):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dormouse import run_lock
 from dormouse.cli import main
 from reliability.tiny import one_error_line, tiny_flags
@@ -61,3 +63,62 @@ def test_a_lock_left_by_a_killed_writer_is_reported_never_taken(run, capsys):
     lock.unlink()
     assert main(["train", "--resume", str(run), "--steps", "4"]) == 0
     assert not lock.exists()
+
+
+def contents(folder: Path) -> dict:
+    """Every file under `folder` and its bytes: what a refused writer must leave as it found it."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def writers(run: Path, corpus_root: Path, tmp: Path) -> dict[str, list[str]]:
+    """Every command that writes into `run` other than `train` on it: its argv."""
+    history = str(run / "history.tsv")
+    tiny = tiny_flags(corpus_root)
+    return {
+        "generate --record": ["generate", str(run), "--prompt", "a", "--max-bytes", "2", "--record"],
+        "inspect --plot": ["inspect", str(run), "--plot"],
+        "bench --history": ["bench", *tiny, "--steps", "1", "--warmup", "1", "--history", history],
+        "train --record --history": ["train", *tiny, "--steps", "1", "--out", str(tmp / "new"), "--record"]
+        + ["--history", history],
+        "ab --record --history": ["ab", "--a", "", "--b", "--lr 0.01", "--seeds", "1", *tiny, "--steps", "1"]
+        + ["--out", str(tmp / "ab"), "--record", "--history", history],
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["generate --record", "inspect --plot", "bench --history", "train --record --history", "ab --record --history"],
+)
+def test_every_writer_of_a_held_run_is_refused_naming_the_holder(run, corpus, tmp_path, capsys, command):
+    argv = writers(run, corpus.root, tmp_path)[command]
+    before = contents(run)
+    with run_lock.held(run, "train"):
+        assert main(argv) == 2
+        assert contents(run).keys() - before.keys() == {Path(run_lock.LOCK)}
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {run} is being written by `dormouse train` (pid {os.getpid()} on host {socket.gethostname()}): "
+        "one writer per run directory; wait for it to finish or stop it"
+    )
+    assert contents(run) == before  # nothing written, nothing removed
+    assert not (tmp_path / "ab").exists()
+
+
+def test_an_arm_run_is_held_while_ab_trains_it(corpus, tmp_path, monkeypatch, capsys):
+    from dormouse.train.trainer import Trainer
+
+    refusals = []
+    run_loop = Trainer.run_loop
+
+    def resume_meanwhile(trainer):  # a user's `train --resume` of the arm's run while `ab` trains it
+        refusals.append((main(["train", "--resume", str(trainer.run), "--steps", "6"]), capsys.readouterr().err))
+        return run_loop(trainer)
+
+    monkeypatch.setattr(Trainer, "run_loop", resume_meanwhile)
+    out = tmp_path / "ab"
+    argv = ["ab", "--a", "", "--b", "--lr 0.01", "--seeds", "1", *tiny_flags(corpus.root), "--steps", "3"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert [code for code, _ in refusals] == [2, 2]  # arm A's run and arm B's
+    holder = f"is being written by `dormouse ab` (pid {os.getpid()} on host {socket.gethostname()})"
+    assert all(holder in one_error_line(err) for _, err in refusals)
+    assert not list(out.rglob(run_lock.LOCK))  # released when each run is done

@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
-from dormouse import checkpoint, checkpoint_files
+from dormouse import checkpoint, checkpoint_files, metrics
+from dormouse.cli import main
 from dormouse.errors import CheckpointError, DormouseError
+from reliability.tiny import one_error_line
 
 
 def save(run, step, best_bpb, best_step, is_best):
@@ -76,3 +78,49 @@ def reseal(path, state):
     save_file(tensors, str(model), metadata={"step": str(state["step"]), "kind": "model", "state": seal})
     state["files"][checkpoint.MODEL].update(sha256=checkpoint_files.sha256(model), size=model.stat().st_size)
     (path / checkpoint.STATE).write_text(json.dumps(state))
+
+
+def edit_lines(path, change):
+    """Rewrite metrics.jsonl with `change` applied to its list of records (dicts, or raw text lines)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    change(lines)
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+def best_eval(lines):
+    return next(r for r in lines if r["kind"] == "eval" and r["step"] == 3)
+
+
+SEALED = "step-00000003/state.json (sealed) says best_bpb"
+METRICS_EDITS = {  # the edit, and what the refusal says of metrics.jsonl
+    "best eval raised": (lambda lines: best_eval(lines).update(bpb=best_eval(lines)["bpb"] + 0.5), SEALED),
+    "best eval removed": (lambda lines: lines.remove(best_eval(lines)), "bpb none at step 3, but"),
+    "a lower eval added": (
+        lambda lines: lines.insert(0, {**best_eval(lines), "step": 2, "bpb": 0.25}),
+        "records lowest eval bpb 0.25 up to step 3",
+    ),
+    "a line not JSON": (lambda lines: lines.append('{"kind": "eval", "st'), "line 5 is not JSON"),
+    "a bpb not a number": (lambda lines: best_eval(lines).update(bpb="1.0"), "line 4: bpb is '1.0'"),
+}
+
+
+@pytest.mark.parametrize("change, says", METRICS_EDITS.values(), ids=METRICS_EDITS.keys())
+def test_metrics_jsonl_that_disagrees_with_the_sealed_best_is_refused_naming_it(run, capsys, change, says):
+    edit_lines(run / "metrics.jsonl", change)
+    edited = (run / "metrics.jsonl").read_bytes()
+    for args in (["eval", str(run)], ["generate", str(run), "--prompt", "a"], ["train", "--resume", str(run)]):
+        assert main([*args, "--steps", "6"] if args[0] == "train" else args) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {run / 'metrics.jsonl'}") and line.endswith("restore it from a copy")
+        assert says in line
+    assert (run / "metrics.jsonl").read_bytes() == edited  # the resume refused before rewriting it
+
+
+def test_the_sealed_best_and_metrics_jsonl_agree_in_a_trained_run(run, capsys):
+    best = checkpoint.load(run, "best")
+    (scored,) = [r for r in metrics.records(run) if r["kind"] == "eval"]
+    assert (scored["step"], scored["bpb"]) == (best.state["best_step"], best.state["best_bpb"]) == (3, scored["bpb"])
+    state = run / "ckpt" / "step-00000003" / checkpoint.STATE
+    edit(state, lambda s: s.update(best_bpb=scored["bpb"] - 0.5))  # the other side edited: the seal names it
+    assert main(["eval", str(run)]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {state} was edited")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from dormouse import run_lock
 from dormouse.config import Config
 from dormouse.errors import ConfigError
 from dormouse.tools.bench.baseline_models import unavailable
@@ -38,6 +39,14 @@ def cli(args) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else DEFAULT_DIR / "logs"
     if args.profile < 0:
         raise ConfigError(f"--profile {args.profile}: a number of steps, 0 or more")
+    _check_models(args, cfg)
+    with run_lock.held_for(history, "bench"):  # a --history in a run directory: from the start, no work lost
+        _bench_and_record(args, cfg, steps, history, log_dir)
+    return 0
+
+
+def _check_models(args, cfg: Config) -> None:
+    """Refuse what `--op`, `--model` and `--baselines` cannot time together, before anything runs."""
     if args.op == "kda":
         if args.compile or args.data or args.profile:
             raise ConfigError(
@@ -45,19 +54,23 @@ def cli(args) -> int:
             )
         if args.model != "dormouse" or args.baselines:
             raise ConfigError("--op kda times the KDA op alone: --model and --baselines do not apply")
+    elif args.model != "dormouse":
+        if args.baselines:
+            raise ConfigError(
+                f"--baselines runs every baseline after the dormouse row: drop --model {args.model}, "
+                "or drop --baselines to bench it alone"
+            )
+        if args.data:
+            raise ConfigError(f"--model {args.model} trains on random bytes: --data feeds dormouse's trainer only")
+        why = unavailable(args.model, cfg.train.device)
+        if why:
+            raise ConfigError(f"--model {args.model}: {why}")
+
+
+def _bench_and_record(args, cfg: Config, steps: int, history: Path, log_dir: Path) -> None:
+    if args.op == "kda":
         results = [bench_kda_op(cfg, steps=steps, warmup=args.warmup, note=args.note, log_dir=log_dir)]
     else:
-        if args.model != "dormouse":
-            if args.baselines:
-                raise ConfigError(
-                    f"--baselines runs every baseline after the dormouse row: drop --model {args.model}, "
-                    "or drop --baselines to bench it alone"
-                )
-            if args.data:
-                raise ConfigError(f"--model {args.model} trains on random bytes: --data feeds dormouse's trainer only")
-            why = unavailable(args.model, cfg.train.device)
-            if why:
-                raise ConfigError(f"--model {args.model}: {why}")
         results = bench(
             cfg,
             steps=steps,
@@ -75,7 +88,6 @@ def cli(args) -> int:
         print(f"bench: appended a row ({row['model']}) to {history}; log {log_path}")
         for key in ("ms_per_step", "tokens_per_s", "peak_mem_gib", "mfu", "first_step_s", "kernels"):
             print(f"  {key} = {row[key]}")
-    return 0
 
 
 def bench(
