@@ -121,7 +121,7 @@ def fsdp(corpus, out: Path, single_run: str, world) -> None:
     matrices = trainer.opt.optimizers["matrices"]
     params = matrices.param_groups[0]["params"]
     facts = {
-        "grad_norm": trainer.grad_norm.item(),  # of the last step: the clip's global norm
+        "grad_norm": trainer.step_runner.grad_norm.item(),  # of the last step: the clip's global norm
         # (global rows, this rank's rows) of each matrix and of its momentum buffer
         "rows": [[p.shape[0], p.to_local().shape[0]] for p in params],
         "momentum_rows": [matrices.state[p]["momentum_buffer"].to_local().shape[0] for p in params],

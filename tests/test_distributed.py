@@ -313,7 +313,7 @@ def test_fsdp_on_two_ranks_equals_one_process_on_the_same_global_batch(runs):
     # The matrices and their momentum buffers are sharded on their rows; the clip's norm is global.
     assert all(local * 2 == rows for rows, local in facts[0]["rows"]), facts[0]["rows"]
     assert facts[0]["momentum_rows"] == [local for _, local in facts[0]["rows"]]
-    assert facts[0]["grad_norm"] == facts[1]["grad_norm"] == pytest.approx(single.grad_norm.item(), rel=REL)
+    assert facts[0]["grad_norm"] == facts[1]["grad_norm"] == pytest.approx(single.step_runner.grad_norm.item(), rel=REL)
     log = (run / "train.log").read_text()
     assert log.count("\nparallel: fsdp, 2 ranks (gloo)") == 1 and log.count("eval step=4 ") == 1
 

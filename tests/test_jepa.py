@@ -104,7 +104,7 @@ def test_a_resumed_run_draws_the_same_masks_and_the_eval_line_names_both_terms(c
     Trainer(cfg, corpus, tmp_path / "a", corpus_note="test").run_loop()
     Trainer(cfg, corpus, tmp_path / "b", corpus_note="test").run_loop(until_step=2)
     resumed = Trainer(cfg, corpus, tmp_path / "b", corpus_note="test", resume=True)
-    assert torch.equal(resumed.jepa_starts(3), span_starts(cfg.train.seed, 3, 2, 32, 8, 4))
+    assert torch.equal(resumed.step_runner.jepa_starts(3), span_starts(cfg.train.seed, 3, 2, 32, 8, 4))
     resumed.run_loop()
     assert [r["ce"] for r in records(tmp_path / "a", "train")] == [r["ce"] for r in records(tmp_path / "b", "train")]
     last = records(tmp_path / "a", "eval")[-1]

@@ -129,7 +129,7 @@ def test_resume_keeps_a_better_best(corpus, tmp_path):
     best_step = json.loads((run / "ckpt" / "best").read_text())["step"]
     # Resume with a learning rate that wrecks the model: later evals are worse and must not become best.
     resumed = fresh(tiny_config(), corpus, run, resume=True)
-    assert resumed.best_bpb == best_before
+    assert resumed.evaluator.best_bpb == best_before
     resumed.opt.base_lr = dict.fromkeys(resumed.opt.base_lr, 20.0)
     resumed.run_loop()
     assert max(e["bpb"] for e in evals(run) if e["step"] > 8) > best_before
@@ -179,12 +179,12 @@ def test_a_step_reads_the_next_batch_while_the_gpu_runs_it(corpus, tmp_path):
     trainer = fresh(tiny_config(), corpus, tmp_path / "run")
     t = trainer.cfg.train
     trainer.train_step(0)
-    step, (x, y, _) = trainer.next_batch
-    expected = trainer.sampler.batch(t.seed, 1)
+    step, (x, y, _) = trainer.step_runner.next_batch
+    expected = trainer.step_runner.sampler.batch(t.seed, 1)
     assert step == 1 and torch.equal(x, expected[0]) and torch.equal(y, expected[1])
-    assert trainer._batch(1) is trainer.next_batch[1]  # used as read
-    fresh_x, _, _ = trainer._batch(5)  # any other step is read then
-    assert torch.equal(fresh_x, trainer.sampler.batch(t.seed, 5)[0])
+    assert trainer.step_runner.batch(1) is trainer.step_runner.next_batch[1]  # used as read
+    fresh_x, _, _ = trainer.step_runner.batch(5)  # any other step is read then
+    assert torch.equal(fresh_x, trainer.step_runner.sampler.batch(t.seed, 5)[0])
 
 
 def test_byte_noise_reaches_the_training_batches_and_repeats(corpus, tmp_path):
@@ -420,15 +420,15 @@ def test_a_rand_depth_step_is_the_fixed_depth_model_at_the_sampled_depth(corpus,
     trainer = fresh(cfg, corpus, tmp_path / "r")
     depths = []
     for step in range(4):
-        depths.append(trainer.step_depth(step))
+        depths.append(trainer.step_runner.step_depth(step))
         fixed = DormouseLM(dataclasses.replace(cfg.model, depth=depths[-1]), seed=cfg.train.seed)
         fixed.load_state_dict(trainer.model.state_dict())
-        x, y = trainer.sampler.batch(cfg.train.seed, step)
+        x, y = trainer.step_runner.sampler.batch(cfg.train.seed, step)
         assert trainer.train_step(step) == fixed(x, y).ce.item(), step  # exactly
     assert depths == [2, 1, 1, 1]  # sample_depth(0, step, 1, 3), pinned above
     trainer.step = 4
     assert trainer.evaluate([1.0], [1.0])["depth"] == "1..3(mean1.25)"  # what training ran; the eval runs 3
-    assert trainer.depths == []
+    assert trainer.step_runner.depths == []
 
 
 @pytest.mark.parametrize("masks", [{"dropout": 0.1}, {"drop_path": 0.3}, {"engram_dropout": 0.3}])
@@ -459,7 +459,7 @@ def test_dropout_with_rand_depth_and_the_auxiliary_heads(corpus, tmp_path):
     cfg = tiny_config(arms, rand_depth=True, rand_depth_bptt=1)
     a, b = fresh(cfg, corpus, tmp_path / "a"), fresh(cfg, corpus, tmp_path / "b")
     assert [a.train_step(s) for s in range(3)] == [b.train_step(s) for s in range(3)]
-    assert a.step_depth(0) != a.step_depth(1)  # two depths drawn: 2, 1 (pinned above)
+    assert a.step_runner.step_depth(0) != a.step_runner.step_depth(1)  # two depths drawn: 2, 1 (pinned above)
 
 
 def test_a_run_with_every_random_arm_draws_nothing_from_the_global_rngs(corpus, tmp_path):
@@ -487,10 +487,10 @@ def scripted_scores(monkeypatch, bpbs):
     """The trainer's evals report the next of `bpbs` as their held-out bpb (a scripted curve); `dormouse
     eval` still scores the held-out split."""
     from dormouse.evaluation import HeldOut
-    from dormouse.train import trainer as trainer_module
+    from dormouse.train import evaluator
 
     script = iter(bpbs)
-    monkeypatch.setattr(trainer_module, "heldout_score", lambda *a, **k: HeldOut(next(script) * math.log(2), 599))
+    monkeypatch.setattr(evaluator, "heldout_score", lambda *a, **k: HeldOut(next(script) * math.log(2), 599))
 
 
 def tiny_flags(corpus) -> list[str]:

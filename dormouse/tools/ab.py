@@ -248,7 +248,7 @@ def full_heldout(trainer: Trainer, corpus: Corpus, depth: int | None = None):
     """The final model's score on every held-out byte under the run's own autocast (`depth` loop
     iterations; None: the model's)."""
     t = trainer.cfg.train
-    with trainer.scored_weights():  # the run's weight average under ema_decay, as its evals scored
+    with trainer.evaluator.scored_weights():  # the run's weight average under ema_decay, as its evals scored
         return heldout_score(
             trainer.model,
             corpus,
@@ -256,7 +256,7 @@ def full_heldout(trainer: Trainer, corpus: Corpus, depth: int | None = None):
             batch_size=t.batch_size,
             eval_bytes=0,
             device=trainer.device,
-            autocast=trainer.autocast,
+            autocast=trainer.step_runner.autocast,
             depth=depth,
         )
 

@@ -13,7 +13,7 @@ exactly as `dormouse train --resume` loads it), runs `Trainer.train_step(N)` onc
 own step: forward, backward, clip, routed optimizers) and writes a JSON with:
 
     loss       the step's training cross-entropy (what train_step returns), float.hex()
-    grad_norm  the global gradient norm before clipping (Trainer.grad_norm), float.hex()
+    grad_norm  the global gradient norm before clipping (StepRunner.grad_norm), float.hex()
     weights    sha256 over the model's state dict after the update, in state-dict order: for each entry
                its name, dtype and shape, then its raw bytes
 
@@ -231,7 +231,7 @@ def replay_step(run: Path, step: int, data: str | Path | None) -> dict:
         return {
             "step": step,
             "loss": float(ce).hex(),
-            "grad_norm": float(trainer.grad_norm).hex(),
+            "grad_norm": float(trainer.step_runner.grad_norm).hex(),
             "weights": weights_sha256(trainer.model),
             "device": cfg.train.device,
             "torch": torch.__version__,

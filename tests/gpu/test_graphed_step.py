@@ -95,11 +95,12 @@ def test_graphed_run_equals_eager_run_bitwise(random_corpus, tmp_path, model, dt
         weights = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
         runs.append((records(run, "train"), records(run, "eval"), weights, trainer))
     first, (graph_train, graph_evals, graph_w, graphed), (eager_train, eager_evals, eager_w, _) = runs
-    assert graphed.graphed.replays == 8
+    runner = graphed.step_runner
+    assert runner.graphed.replays == 8
     # one graph per loop depth the steps drew (--rand-depth: depths 1..3 over 8 steps; else the config's)
-    drawn = {graphed.step_depth(s) for s in range(8)}
-    assert sorted(graphed.graphed.captures) == sorted(drawn) and (len(drawn) > 1) == bool(extra.get("rand_depth"))
-    assert graphed.graphed_update.calls == 8 and graphed.graphed_update.graph is not None
+    drawn = {runner.step_depth(s) for s in range(8)}
+    assert sorted(runner.graphed.captures) == sorted(drawn) and (len(drawn) > 1) == bool(extra.get("rand_depth"))
+    assert runner.graphed_update.calls == 8 and runner.graphed_update.graph is not None
     assert [r["ce"] for r in graph_train] == [r["ce"] for r in eager_train]
     for g, e in zip(graph_evals, eager_evals, strict=True):
         assert all(g[k] == e[k] for k in ("bpb", "kda", "norm", "conv", "engram")), (g, e)
@@ -119,7 +120,7 @@ def test_a_graphed_step_with_a_nan_loss_stops_with_every_weight_and_state_as_bef
     optimizer state (the captured NesterovSinkhorn's momentum, fused AdamW's, the tables' rows) moved."""
     trainer = graphed_trainer(random_corpus, tmp_path / "run")
     trainer.run_loop(until_step=3)  # the update's graph is captured at the second step, replayed at the third
-    assert trainer.graphed_update.graph is not None
+    assert trainer.step_runner.graphed_update.graph is not None
     with torch.no_grad():
         trainer.model.final_norm.weight[0] = float("nan")  # in place: the captured forward reads it
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -157,6 +158,7 @@ def test_a_graphed_step_waits_for_the_gpu_only_at_its_check(random_corpus, tmp_p
         finally:
             torch.cuda.set_sync_debug_mode("default")
     syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "called a synchronizing" in str(w.message)]
-    assert len(syncs) == 1 and "trainer.py" in syncs[0], syncs
+    assert len(syncs) == 1 and "step_runner.py" in syncs[0], syncs
     # and the next step's inputs were filled before that wait (GraphedStep.stage), for its replay to take
-    assert trainer.graphed.staged is not None and trainer.graphed.staged[0] is trainer.next_batch[1][0]
+    runner = trainer.step_runner
+    assert runner.graphed.staged is not None and runner.graphed.staged[0] is runner.next_batch[1][0]

@@ -148,12 +148,12 @@ def test_generate_refuses_a_temperature_that_is_not_a_finite_number_at_least_0(r
 
 
 def test_disk_full_while_logging_is_one_line_and_the_checkpoint_loads(run, monkeypatch, capsys):
-    from dormouse.train import trainer
+    from dormouse.train import metrics
 
     def full(path, record):
         raise no_space(path)
 
-    monkeypatch.setattr(trainer, "append_jsonl", full)
+    monkeypatch.setattr(metrics, "append_jsonl", full)
     assert main(["train", "--resume", str(run), "--steps", "6"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line == f"error: No space left on device: {run / 'metrics.jsonl'}; free space and run again"

@@ -52,7 +52,7 @@ def bench_step(ctx: BenchContext, data) -> tuple[dict[str, str], Path]:
         flops = count_flops(trainer.model, cfg)
         params = trainer.model.num_params()
         if ctx.compiled:  # the step calls the replica (the model itself, or its DDP wrapper)
-            trainer.replica = torch.compile(trainer.replica)
+            trainer.step_runner.replica = torch.compile(trainer.step_runner.replica)
             log.append(
                 "torch.compile: on (the kernel counters are Python side effects: under dynamo they may be "
                 "replayed, break the graph or force recompiles; see the step times and the dynamo stats below)"
