@@ -1,5 +1,5 @@
-"""The engram gate (model/engram_gate.py) on the CPU: the fused path's wiring and its kernels' documented
-backward formulas, with a stand-in for model/engram_gate_kernels.py that computes those formulas in torch,
+"""The engram gate (ops/engram_gate/) on the CPU: the fused path's wiring and its kernels' documented
+backward formulas, with a stand-in for ops/engram_gate/triton.py that computes those formulas in torch,
 against autograd of the float64 gate; the policy (fused with the norms, counted, refused without kernels).
 
 The kernels' own numbers on CUDA are tests/gpu/test_engram_gate_fused.py; the plain path against the
@@ -22,7 +22,7 @@ D, ARMS_DIM = 8, 12
 
 
 class StandInKernels:
-    """model/engram_gate_kernels.py's contract in torch, float64 inside, its backward by the module
+    """ops/engram_gate/triton.py's contract in torch, float64 inside, its backward by the module
     docstring's formulas (not autograd): rows [N, D] with unit column stride, one rounding at each output.
     rstd and α stay float64 here (the kernels keep them in fp32), so the comparisons can be exact."""
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
+from dormouse.model.kda import _bounded_chunk, _decayed_scores, kda, kda_chunked, kda_recurrent, resolve_kda_backend
 
 from dormouse import counters, ledger, rng
 from dormouse.model import fla_kernels, kda_layer, short_conv
 from dormouse.model import kda as kda_module
-from dormouse.model.kda import _bounded_chunk, _decayed_scores, kda, kda_chunked, kda_recurrent, resolve_kda_backend
 from dormouse.model.kda_layer import KDA_PARAM_GROUPS, KDALayer
 from dormouse.model.norm import GatedRMSNorm, l2norm
 

@@ -57,7 +57,7 @@ def kernels_on_cpu(monkeypatch):
     monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t: True)
 
 
-# ---- the short conv (model/short_conv_kernels.py)
+# ---- the short conv (ops/short_conv/triton.py)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_fused_convs_function_adds_the_sinks_and_writes_the_rest(monkeypatch):
     assert rel(q, conv(packed[..., :C], weights[0], 1, 1, 1, head)[0]) <= 1e-5
 
 
-# ---- the engram gate (model/engram_gate_kernels.py, model/engram_gate.py)
+# ---- the engram gate (ops/engram_gate/triton.py, ops/engram_gate/)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -155,7 +155,7 @@ def test_engram_gate_gain_gradient_parts_sum_over_many_programs(monkeypatch):
     assert rel(dw_h, want[2]) <= 1e-5 and rel(dw_k, want[3]) <= 1e-5 and rel(dh, want[0]) <= 1e-5
 
 
-# ---- the add-norm backward (model/norm_kernels.py) and SwiGLU (model/swiglu_kernels.py)
+# ---- the add-norm backward (ops/norm/triton.py) and SwiGLU (ops/swiglu/triton.py)
 
 
 @pytest.mark.parametrize("with_dsum", [True, False], ids=["sum-gradient", "no-sum-gradient"])

@@ -140,7 +140,7 @@ def memory_enforced(tmp: Path, monkeypatch) -> None:
 def fla_unpinned(tmp: Path, monkeypatch) -> None:
     # fla and Triton exist only on the GPU machine: a stand-in autotuner holds one kernel choice, and a
     # stand-in of fla's config lookup finds no pinned entry for it (what fla returns for an unpinned key).
-    from dormouse.model import fla_pin
+    from dormouse.ops.fla import pin as fla_pin
 
     lookup = SimpleNamespace(AutotuneKey=lambda key: key, load_cached_config=lambda kernel, key: None)
     monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", lookup)
@@ -151,7 +151,7 @@ def fla_unpinned(tmp: Path, monkeypatch) -> None:
 
 def fla_borrowed_pin(tmp: Path, monkeypatch) -> None:
     # A made-up card of the H200's compute capability, with no pin of its own, borrows the H200's.
-    from dormouse.model import fla_pin
+    from dormouse.ops.fla import pin as fla_pin
 
     source = fla_pin.kernel_source("Fake GPU X9", (9, 0), {"HOME": str(tmp)})
     fla_pin._apply(source, {}, lambda *hook: None)

@@ -1,6 +1,6 @@
 """The FFN's SwiGLU activation on the CPU: the plain path against float64 by hand, the fused path's wiring
 (which halves of the packed projection it reads, where it writes their gradients) with a stand-in for the
-kernels (model/swiglu_kernels.py) that follows their contract, and the backend policy.
+kernels (ops/swiglu/triton.py) that follows their contract, and the backend policy.
 
 The fused kernels' own numbers on CUDA are tests/gpu/test_swiglu_fused.py.
 """
@@ -21,7 +21,7 @@ def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 class StandInKernels:
-    """model/swiglu_kernels.py's contract in torch: [N, H] operands with unit column stride (row strides
+    """ops/swiglu/triton.py's contract in torch: [N, H] operands with unit column stride (row strides
     as given), the maths in fp32, one rounding to the output's dtype; `backward` writes into d_gate, d_up."""
 
     calls = []

@@ -30,11 +30,13 @@ from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import NonFiniteError, append_jsonl, depth_field, eval_line, eval_record, heldout_score
-from dormouse.model import fla_kernels, fla_pin, precision
+from dormouse.model import precision
 from dormouse.model.dropout import draws_masks, step_generator, step_seed
 from dormouse.model.jepa import span_starts
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import ENGRAM_FILE, DormouseLM
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.parallel.ddp import average_sparse_grads_
 from dormouse.parallel.engram_shard import gather_shards, local_table_state, sharded_tables, with_whole_tables
 from dormouse.parallel.fsdp import gathered, is_sharded, shard_optimizer_state_, sharded_model_state

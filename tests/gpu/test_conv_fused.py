@@ -1,4 +1,4 @@
-"""The fused short conv (dormouse's Triton kernels, model/short_conv_kernels.py) on CUDA; skipped without
+"""The fused short conv (dormouse's Triton kernels, ops/short_conv/triton.py) on CUDA; skipped without
 CUDA or Triton.
 
 The kernels against float64 on the same inputs: fp32 output and gradients to 1e-5 relative
@@ -99,7 +99,7 @@ def test_packed_kernels_normalising_q_and_k_against_float64(shape, head, dtype):
 
 
 def test_packed_backward_takes_fp32_and_bf16_gradients_in_one_call():
-    # q's and k's gradients in fp32 (fla's, through the sinks: model/kda_fla.py), v's in bf16 on a bf16
+    # q's and k's gradients in fp32 (fla's, through the sinks: ops/kda/fla.py), v's in bf16 on a bf16
     # projection: one launch per run of one dtype. Against float64 of the same gradients, and the bf16
     # tolerances; the fp32 gradients are read as given (rounding them to bf16 first gives other bits).
     B, T, C, head = 64, 256, 512, 64

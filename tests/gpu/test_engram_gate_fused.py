@@ -1,4 +1,4 @@
-"""The engram gate's kernels (model/engram_gate_kernels.py, through model/engram_gate.py) against float64
+"""The engram gate's kernels (ops/engram_gate/triton.py, through ops/engram_gate/) against float64
 on CUDA; skipped without CUDA/Triton.
 
 The kernels compute the gate and its gradients in fp32 from the inputs and round once at each output:

@@ -25,9 +25,10 @@ from dormouse.model import fla_kernels  # noqa: E402
 if fla_kernels.chunk_kda()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.chunk_kda()[1]}", allow_module_level=True)
 
+from dormouse.model.kda_fla import chunk_kda_sunk  # noqa: E402
+
 from dormouse import counters, rng  # noqa: E402
 from dormouse.model import precision  # noqa: E402
-from dormouse.model.kda_fla import chunk_kda_sunk  # noqa: E402
 from dormouse.model.kda_layer import KDALayer  # noqa: E402
 
 GATE = Path(__file__).resolve().parent / "kda_fla_gate.py"

@@ -193,7 +193,7 @@ def test_the_fused_gated_norm_against_float64(dtype, shape):
 
 @pytest.mark.parametrize("shape", [(64 * 512, 512), (37, 96)], ids=["small-b64", "ragged"])
 def test_the_add_norm_backward_kernel_against_fla_s_with_dres(shape):
-    # dormouse's kernel (model/norm_kernels.py) computes what fla's layer_norm_bwd does with a residual
+    # dormouse's kernel (ops/norm/triton.py) computes what fla's layer_norm_bwd does with a residual
     # gradient: the same formula, other reduction orders (the row sums; dw's parts).
     from dormouse.model.norm import add_norm_kernels
 

@@ -1,5 +1,5 @@
-"""dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) against torch's form in fp64, and
-NesterovSinkhorn's momentum kernel (train/momentum_kernels.py) against its formulas; skipped without CUDA.
+"""dormouse's SR-Sinkhorn Triton kernels (ops/sinkhorn/triton.py) against torch's form in fp64, and
+NesterovSinkhorn's momentum kernel (ops/momentum/triton.py) against its formulas; skipped without CUDA.
 
 The kernels keep the matrix as diag(r)·U·diag(c) and round in other places than torch's successive
 rescalings, summing the same squares in another order, so they are held to fp32's own error: within 4e-6
@@ -68,7 +68,7 @@ def test_a_matrix_runs_as_a_stack_of_one_and_fp64_stays_torch():
 
 @pytest.mark.parametrize("skip", [None, False, True], ids=["no-found-inf", "run", "skipped"])
 def test_momentum_kernel_matches_fp64_and_a_skipped_step_keeps_m_bit_for_bit(skip):
-    # train/momentum_kernels.py through optim.momentum_lookahead_: M and U within fp32's error of the fp64
+    # ops/momentum/triton.py through optim.momentum_lookahead_: M and U within fp32's error of the fp64
     # formulas (entries of RMS ~1); a skipped step (found_inf 1, a NaN in G) leaves M bit for bit.
     gen = torch.Generator().manual_seed(3)
     g, m = (torch.randn(3, 1536, 512, generator=gen, dtype=torch.float64) for _ in range(2))

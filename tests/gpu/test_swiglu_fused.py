@@ -1,4 +1,4 @@
-"""dormouse's SwiGLU kernels (model/swiglu_kernels.py, through model/swiglu.py) against float64 on CUDA, and
+"""dormouse's SwiGLU kernels (ops/swiglu/triton.py, through ops/swiglu/) against float64 on CUDA, and
 against fla's SwiGLU kernels, bit for bit; skipped without CUDA/Triton.
 
 The kernels compute `silu(gate) * up` and both gradients in fp32 from the inputs and round once to the
