@@ -23,18 +23,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import (
-    dropout,
-    engram_gate,
-    fla_kernels,
-    fused_or_plain,
-    kda,
-    norm,
-    projections,
-    short_conv,
-    swiglu,
-)
+from dormouse.model import dropout
 from dormouse.model.model import DormouseLM
+from dormouse.ops import projections, registry
+from dormouse.ops.engram_gate import fused as engram_gate
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.norm import fla as norm
+from dormouse.ops.short_conv import fused as short_conv
+from dormouse.ops.swiglu import fused as swiglu
 from dormouse.resolve import resolve
 
 
@@ -122,7 +118,7 @@ def fla_standins(mode: Inventory):
         extras = [options[n] for n in ("A_log", "dt_bias") if n in options]
         return Stand.apply(v, q, k, v, g, beta, *extras), None
 
-    class ChunkKDAParts:  # fla_kernels.chunk_kda_parts(): fla's forward and backward under kda_fla's Function
+    class ChunkKDAParts:  # fla_kernels.chunk_kda_parts(): fla's forward and backward under ops/kda/fla.py's Function
         beta_sigmoid_fwd = staticmethod(_opaque(mode, lambda x: torch.zeros(x.shape)))
         beta_sigmoid_bwd = staticmethod(_opaque(mode, lambda x, dy: torch.zeros_like(x)))
         fwd = staticmethod(_opaque(mode, lambda q, k, v, *args, **kw: (torch.zeros_like(v), *(None,) * 11)))
@@ -196,13 +192,12 @@ def fla_standins(mode: Inventory):
         "layer_norm_ops": lambda: (norm_ops, ""),
     }
     saved = {name: getattr(fla_kernels, name) for name in accessors}
-    saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
+    saved_resolve, saved_conv = registry.resolve, short_conv.fused_kernels
     saved_add_norm, saved_swiglu, saved_gate = norm.add_norm_kernels, swiglu.fused_kernels, engram_gate.fused_kernels
     saved_matmul = projections.bf16_matmul, projections._mm_fp32
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
-    fused_or_plain.resolve = lambda requested, device, **_: "fused"
-    kda.resolve_kda_backend = lambda requested, device: "fla"
+    registry.resolve = lambda name, requested, device: registry.OPS[name].fast  # fla for KDA, fused elsewhere
     short_conv.fused_kernels = lambda: (ConvKernels, "")
     norm.add_norm_kernels = lambda: (AddNormKernels, "")
     swiglu.fused_kernels = lambda: (SwigluKernels, "")
@@ -213,7 +208,7 @@ def fla_standins(mode: Inventory):
     finally:
         for name, accessor in saved.items():
             setattr(fla_kernels, name, accessor)
-        fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
+        registry.resolve = saved_resolve
         short_conv.fused_kernels = saved_conv
         norm.add_norm_kernels, swiglu.fused_kernels = saved_add_norm, saved_swiglu
         engram_gate.fused_kernels = saved_gate

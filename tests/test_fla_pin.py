@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dormouse.model import fla_kernels, fla_pin
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.fla import pin as fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 from merge_fla_pin import merge  # noqa: E402

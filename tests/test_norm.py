@@ -5,13 +5,13 @@ The fused path's numbers (output and gradients equal to plain) are tests/gpu/tes
 
 import pytest
 import torch
+from backend_stand_in import force
 
 from dormouse import config, counters, ledger
 from dormouse.model.model import DormouseLM
 from dormouse.model.norm import GatedRMSNorm, RMSNorm, set_norm_backend
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.norm import fla as norm_fla
-from backend_stand_in import force
 from dormouse.resolve import resolve
 
 
@@ -89,6 +89,7 @@ def stand_in_add_norm_kernels(ops):
 
 def fused_by_stand_ins(monkeypatch, ops) -> None:
     """The fused norm paths chosen, fla's kernels and dormouse's add-norm backward replaced by `ops`."""
+
     def rms_norm(x, weight, bias, eps):  # fla's rms_norm: the same kernel, the input's dtype out
         return ops.layer_norm_fwd(x.reshape(-1, x.shape[-1]), weight, bias, eps)[0].view(x.shape)
 

@@ -11,11 +11,11 @@ from backend_stand_in import force
 from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import config, counters, ledger, rng
-from dormouse.ops import short_conv
-from dormouse.ops.short_conv import fused as conv_fused
 from dormouse.model.engram import EngramConv
 from dormouse.model.model import DormouseLM
 from dormouse.model.short_conv import ShortConv, set_conv_backend
+from dormouse.ops import short_conv
+from dormouse.ops.short_conv import fused as conv_fused
 from dormouse.resolve import resolve
 
 

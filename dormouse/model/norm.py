@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
-        self.backend = "auto"  # as asked for (NORM_BACKENDS); resolved per call on the input's device
+        self.backend = "auto"  # as asked for (registry.CHOICES); resolved per call on the input's device
         self.feeds_one_matmul = False  # set by the owner whose one matmul alone reads the output
         self.weight = nn.Parameter(torch.ones(dim))
 
@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
 
 
 def set_norm_backend(module: nn.Module, backend: str) -> None:
-    """Set the requested backend (one of NORM_BACKENDS) on every RMSNorm inside `module`."""
+    """Set the requested backend (one of registry.CHOICES) on every RMSNorm inside `module`."""
     registry.check_choice("norm", backend)
     for m in module.modules():
         if isinstance(m, RMSNorm):

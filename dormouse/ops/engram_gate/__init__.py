@@ -10,9 +10,9 @@ in fp32 and rounded once. The torch path ran ~10 passes over [B, T, d] forward a
 two norm kernels (the op inventory's `model/engram.py` sites, docs/performance.md); the fused forward
 reads h, k and v once and writes the gated value.
 
-The gate is the memory's two norms and their inner product, so it follows `--norm-backend` (ops/registry.py's
-"norm"): fused where
-both norms resolve to fused (auto: on CUDA), counted as their two calls in counters.NORM, and refused at
+The gate is the memory's two norms and their inner product, so it follows `--norm-backend` (its op in
+ops/registry.py, "engram_gate", takes the norms' flag, site and counter): fused where both norms resolve
+to fused (auto: on CUDA), counted as their two calls in counters.NORM, and refused at
 `norm.fused_unavailable` where the kernels cannot run. Under autograd, either way, v and k come from one
 matmul of e (`ops/projections.py`'s `project`), so e is cast to bf16 once and its gradient is one matmul's; without
 it (evals, decoding) the two Linears run alone, as the projections' docstring explains.
@@ -20,13 +20,26 @@ it (evals, decoding) the two Linears run alone, as the projections' docstring ex
 
 import torch
 
+from dormouse import counters
 from dormouse.ops import registry
 from dormouse.ops.engram_gate import fused, reference
+from dormouse.ops.norm.fla import FUSED_UNAVAILABLE
+
+OP = registry.register(  # the memory's two norms fused with their product: the norms' flag, site and counter
+    registry.Op(
+        "engram_gate",
+        flag="--norm-backend",
+        site=FUSED_UNAVAILABLE,
+        kernels=lambda: fused.fused_kernels(),  # looked up per call: the tests stand in for it
+        needs="Triton (for dormouse/ops/engram_gate/triton.py)",
+        counter=counters.NORM,
+    )
+)
 
 
 def gate(h: torch.Tensor, e: torch.Tensor, w_v, w_k, hidden_norm, key_norm) -> torch.Tensor:
     """α · v for hidden states h [..., d] and looked-up rows e [..., arms·dim] (the module docstring);
     `hidden_norm` and `key_norm` are the memory's RMSNorm modules (weight, eps, backend)."""
-    if all(registry.resolve("norm", n.backend, h.device) == "fused" for n in (hidden_norm, key_norm)):
+    if all(registry.resolve("engram_gate", n.backend, h.device) == "fused" for n in (hidden_norm, key_norm)):
         return fused.gate(h, e, w_v, w_k, hidden_norm, key_norm)
     return reference.gate(h, e, w_v, w_k, hidden_norm, key_norm)

@@ -19,8 +19,8 @@ def gate(h, e, w_v, w_k, hidden_norm, key_norm) -> torch.Tensor:
     kernels = registry.required(
         fused_kernels(), FUSED_UNAVAILABLE, "the engram gate's fused path", "; pass --norm-backend plain"
     )
-    registry.record("norm", True)
-    registry.record("norm", True)
+    registry.record("engram_gate", True)
+    registry.record("engram_gate", True)
     norms = (hidden_norm.weight, key_norm.weight, hidden_norm.eps, key_norm.eps)
     if torch.is_grad_enabled():
         return _gate_packed(h, projections.packed(e, (w_v, w_k)), *norms)

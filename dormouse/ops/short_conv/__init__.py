@@ -6,7 +6,7 @@ and `fused` (fused.py over dormouse's Triton kernels, triton.py: CUDA only, at m
 the pre-activation recomputed in the backward). `fused` works on the [B, T, C] layout the projections
 give, where torch's conv needs [B, C, T]. `--conv-backend` (auto, fused, plain) chooses through
 ops/registry.py (auto: fused on CUDA, plain elsewhere). A conv wider than the kernels' window is refused
-on the fused path (`check_fused_width`), never run another way.
+on the fused path (`is_fused`), never run another way.
 
 Under autograd the KDA layer convolves q, k and v as three slices of its one packed projection
 (`convolve_packed`): on the fused path one autograd Function runs the three in one kernel launch each way
