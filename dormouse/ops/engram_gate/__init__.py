@@ -25,15 +25,11 @@ from dormouse.ops import registry
 from dormouse.ops.engram_gate import fused, reference
 from dormouse.ops.norm.fla import FUSED_UNAVAILABLE
 
-OP = registry.register(  # the memory's two norms fused with their product: the norms' flag, site and counter
-    registry.Op(
-        "engram_gate",
-        flag="--norm-backend",
-        site=FUSED_UNAVAILABLE,
-        kernels=lambda: fused.fused_kernels(),  # looked up per call: the tests stand in for it
-        needs="Triton (for dormouse/ops/engram_gate/triton.py)",
-        counter=counters.NORM,
-    )
+# the memory's two norms fused with their product: the norms' flag, site and counter
+# the kernels' accessor is a lambda, looked up per call: the tests stand in for what it calls
+NEEDS = "Triton (for dormouse/ops/engram_gate/triton.py)"
+OP = registry.register(
+    registry.Op("engram_gate", "--norm-backend", FUSED_UNAVAILABLE, lambda: fused.fused_kernels(), NEEDS, counters.NORM)
 )
 
 

@@ -32,11 +32,11 @@ def _fla_kernels() -> tuple[object | None, str]:
 OP = registry.register(
     registry.Op(
         "kda",
-        flag="--kda-backend",
-        site=FLA_UNAVAILABLE,
-        kernels=_fla_kernels,
-        needs="fla-core 0.6.0 (fla.ops.kda's chunk_kda and its parts)",
-        counter=counters.KDA,
+        "--kda-backend",
+        FLA_UNAVAILABLE,
+        _fla_kernels,
+        "fla-core 0.6.0 (fla.ops.kda's chunk_kda and its parts)",
+        counters.KDA,
         choices=("auto", "fla", "chunked", "recurrent"),
         fast="fla",
         plain=("chunked", "recurrent"),

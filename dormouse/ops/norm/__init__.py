@@ -26,24 +26,21 @@ from dormouse.ops import registry
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.norm import fla, reference
 
+# the kernels' accessor is a lambda, looked up per call: the tests stand in for what it calls
+NEEDS = "fla-core 0.6.0 (fla.modules.norm.layernorm.rms_norm)"
 OP = registry.register(
-    registry.Op(
-        "norm",
-        flag="--norm-backend",
-        site=fla.FUSED_UNAVAILABLE,
-        kernels=lambda: fla_kernels.rms_norm(),  # looked up per call: the tests stand in for it
-        needs="fla-core 0.6.0 (fla.modules.norm.layernorm.rms_norm)",
-        counter=counters.NORM,
-    )
+    registry.Op("norm", "--norm-backend", fla.FUSED_UNAVAILABLE, lambda: fla_kernels.rms_norm(), NEEDS, counters.NORM)
 )
-GATED = registry.register(  # the gated norm: its own kernel, the norm's flag, site and counter
+# the gated norm: its own kernel, the norm's flag, site and counter
+GATED_NEEDS = "fla-core 0.6.0 (fla.modules.norm.fused_norm_gate.rms_norm_gated)"
+GATED = registry.register(
     registry.Op(
         "norm.gated",
-        flag="--norm-backend",
-        site=fla.FUSED_UNAVAILABLE,
-        kernels=lambda: fla_kernels.rms_norm_gated(),
-        needs="fla-core 0.6.0 (fla.modules.norm.fused_norm_gate.rms_norm_gated)",
-        counter=counters.NORM,
+        "--norm-backend",
+        fla.FUSED_UNAVAILABLE,
+        lambda: fla_kernels.rms_norm_gated(),
+        GATED_NEEDS,
+        counters.NORM,
     )
 )
 

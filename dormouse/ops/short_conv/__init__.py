@@ -36,15 +36,10 @@ FUSED_UNAVAILABLE = ledger.register(
     f"tensors are not on CUDA, or conv_size is over {MAX_FUSED_WIDTH}",
     __name__,
 )
+# the kernels' accessor is a lambda, looked up per call: the tests stand in for what it calls
+NEEDS = "Triton (for dormouse/ops/short_conv/triton.py)"
 OP = registry.register(
-    registry.Op(
-        "conv",
-        flag="--conv-backend",
-        site=FUSED_UNAVAILABLE,
-        kernels=lambda: fused.fused_kernels(),  # looked up per call: the tests stand in for it
-        needs="Triton (for dormouse/ops/short_conv/triton.py)",
-        counter=counters.CONV,
-    )
+    registry.Op("conv", "--conv-backend", FUSED_UNAVAILABLE, lambda: fused.fused_kernels(), NEEDS, counters.CONV)
 )
 
 

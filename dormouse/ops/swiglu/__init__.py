@@ -32,15 +32,10 @@ FUSED_UNAVAILABLE = ledger.register(
     "tensors are not on CUDA",
     __name__,
 )
+# the kernels' accessor is a lambda, looked up per call: the tests stand in for what it calls
+NEEDS = "Triton (for dormouse/ops/swiglu/triton.py)"
 OP = registry.register(
-    registry.Op(
-        "swiglu",
-        flag="--swiglu-backend",
-        site=FUSED_UNAVAILABLE,
-        kernels=lambda: fused.fused_kernels(),  # looked up per call: the tests stand in for it
-        needs="Triton (for dormouse/ops/swiglu/triton.py)",
-        counter=counters.SWIGLU,
-    )
+    registry.Op("swiglu", "--swiglu-backend", FUSED_UNAVAILABLE, lambda: fused.fused_kernels(), NEEDS, counters.SWIGLU)
 )
 
 
