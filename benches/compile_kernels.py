@@ -27,11 +27,14 @@ TARGET = GPUTarget("cuda", 90, 32)  # Hopper: H100, H200
 
 def _kernels() -> list[tuple[str, object, dict, dict, int]]:
     """(name, jit function, signature, constexprs, warps) of each variant `small` launches at B 64."""
-    from dormouse.model import engram_gate_kernels as gate
-    from dormouse.model import norm_kernels, swiglu_kernels
-    from dormouse.model import short_conv_kernels as conv
-    from dormouse.train import momentum_kernels, row_adam_kernels, row_sum_kernels
-    from dormouse.train import sinkhorn_kernels as sk
+    from dormouse.ops.engram_gate import triton as gate
+    from dormouse.ops.momentum import triton as momentum_kernels
+    from dormouse.ops.norm import triton as norm_kernels
+    from dormouse.ops.row_adam import triton as row_adam_kernels
+    from dormouse.ops.row_sum import triton as row_sum_kernels
+    from dormouse.ops.short_conv import triton as conv
+    from dormouse.ops.sinkhorn import triton as sk
+    from dormouse.ops.swiglu import triton as swiglu_kernels
 
     out = []
 

@@ -1,6 +1,6 @@
 """Merge fla kernel choices dumped on the device (DORMOUSE_FLA_DUMP, fla's file format) into the pin.
 
-    python benches/merge_fla_pin.py <dump dir> [dormouse/model/fla_configs/NVIDIA_H200]
+    python benches/merge_fla_pin.py <dump dir> [dormouse/ops/fla/configs/NVIDIA_H200]
 
 Entries already pinned are kept as they are, in their order (the pin is never re-decided). A dumped
 choice is added only where the pin did not make it: its key has no entry, and the entry fla's fuzzy
@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.model.fla_pin import UNPINNED_FILE
+from dormouse.ops.fla.pin import UNPINNED_FILE
 
-PIN = Path(__file__).resolve().parents[1] / "dormouse/model/fla_configs/NVIDIA_H200"
+PIN = Path(__file__).resolve().parents[1] / "dormouse/ops/fla/configs/NVIDIA_H200"
 
 
 def _fuzzy(cached, requested) -> bool:

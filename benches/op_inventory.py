@@ -6,7 +6,7 @@ This runs one forward and backward on the CPU under bf16 autocast with fla's ker
 rms_norm, rms_norm_gated and the layer-norm functions, the SwiGLU kernels) and dormouse's short-conv
 kernels replaced by opaque stand-ins of the same signature, so the dormouse-side ops are the CUDA
 path's (the in-kernel KDA prep, the fused conv, norms and SwiGLU, the bf16 matmuls of
-model/projections.py with their fp32 weight gradients, listed from meta operands), and lists every aten op the step
+ops/projections.py with their fp32 weight gradients, listed from meta operands), and lists every aten op the step
 dispatches outside the stand-ins: its count, output shape and dtypes, and the bytes it moves (inputs read
 plus output written), grouped by op, shapes and dtypes, largest first. It does not time anything: it
 predicts which ops a GPU profile will show, and how many bytes each group moves.
@@ -23,18 +23,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse import config
-from dormouse.model import (
-    dropout,
-    engram_gate,
-    fla_kernels,
-    fused_or_plain,
-    kda,
-    norm,
-    projections,
-    short_conv,
-    swiglu,
-)
+from dormouse.model import dropout
 from dormouse.model.model import DormouseLM
+from dormouse.ops import projections, registry
+from dormouse.ops.engram_gate import fused as engram_gate
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.norm import fla as norm
+from dormouse.ops.short_conv import fused as short_conv
+from dormouse.ops.swiglu import fused as swiglu
 from dormouse.resolve import resolve
 
 
@@ -122,7 +118,7 @@ def fla_standins(mode: Inventory):
         extras = [options[n] for n in ("A_log", "dt_bias") if n in options]
         return Stand.apply(v, q, k, v, g, beta, *extras), None
 
-    class ChunkKDAParts:  # fla_kernels.chunk_kda_parts(): fla's forward and backward under kda_fla's Function
+    class ChunkKDAParts:  # fla_kernels.chunk_kda_parts(): fla's forward and backward under ops/kda/fla.py's Function
         beta_sigmoid_fwd = staticmethod(_opaque(mode, lambda x: torch.zeros(x.shape)))
         beta_sigmoid_bwd = staticmethod(_opaque(mode, lambda x, dy: torch.zeros_like(x)))
         fwd = staticmethod(_opaque(mode, lambda q, k, v, *args, **kw: (torch.zeros_like(v), *(None,) * 11)))
@@ -157,18 +153,18 @@ def fla_standins(mode: Inventory):
         rstd = torch.zeros(norm, *x.shape[:2], C // head) if norm else None
         return torch.zeros(n, *x.shape[:2], C, dtype=x.dtype), rstd
 
-    class ConvKernels:  # model/short_conv_kernels.py: y contiguous [n, B, T, C], dx written in place
+    class ConvKernels:  # ops/short_conv/triton.py: y contiguous [n, B, T, C], dx written in place
         forward = staticmethod(_opaque(mode, conv_forward))
         backward = staticmethod(_opaque(mode, lambda x, weight, dys, dx, *args: torch.zeros_like(weight)))
 
-    class SwigluKernels:  # model/swiglu_kernels.py: z contiguous [N, H]; the gradients written in place
+    class SwigluKernels:  # ops/swiglu/triton.py: z contiguous [N, H]; the gradients written in place
         forward = staticmethod(_opaque(mode, lambda gate, up: torch.zeros(gate.shape, dtype=gate.dtype)))
         backward = staticmethod(_opaque(mode, lambda gate, up, g, d_gate, d_up: None))
 
     def gate_forward(h, v, k, *args):  # out [N, D] in v's dtype; rstd_h, rstd_k, alpha [N] fp32
         return torch.zeros(v.shape, dtype=v.dtype), *torch.zeros(3, h.shape[0])
 
-    class GateKernels:  # model/engram_gate_kernels.py: v's and k's gradients written in place
+    class GateKernels:  # ops/engram_gate/triton.py: v's and k's gradients written in place
         forward = staticmethod(_opaque(mode, gate_forward))
         backward = staticmethod(
             _opaque(mode, lambda h, v, k, w_h, w_k, *args: tuple(map(torch.zeros_like, (h, w_h, w_k))))
@@ -177,7 +173,7 @@ def fla_standins(mode: Inventory):
     def add_norm_backward(dy, normed, weight, rstd, dsum, x_dtype):
         return torch.zeros(normed.shape, dtype=x_dtype), torch.zeros_like(normed), torch.zeros_like(weight)
 
-    class AddNormKernels:  # model/norm_kernels.py: dx, the residual's gradient (fp32), dw
+    class AddNormKernels:  # ops/norm/triton.py: dx, the residual's gradient (fp32), dw
         backward = staticmethod(_opaque(mode, add_norm_backward))
 
     def mm_fp32(a, b):  # projections' CUDA-only bf16 x bf16 -> fp32 product: listed from meta operands
@@ -196,13 +192,12 @@ def fla_standins(mode: Inventory):
         "layer_norm_ops": lambda: (norm_ops, ""),
     }
     saved = {name: getattr(fla_kernels, name) for name in accessors}
-    saved_resolve, saved_kda, saved_conv = fused_or_plain.resolve, kda.resolve_kda_backend, short_conv.fused_kernels
+    saved_resolve, saved_conv = registry.resolve, short_conv.fused_kernels
     saved_add_norm, saved_swiglu, saved_gate = norm.add_norm_kernels, swiglu.fused_kernels, engram_gate.fused_kernels
     saved_matmul = projections.bf16_matmul, projections._mm_fp32
     for name, accessor in accessors.items():
         setattr(fla_kernels, name, accessor)
-    fused_or_plain.resolve = lambda requested, device, **_: "fused"
-    kda.resolve_kda_backend = lambda requested, device: "fla"
+    registry.resolve = lambda name, requested, device: registry.OPS[name].fast  # fla for KDA, fused elsewhere
     short_conv.fused_kernels = lambda: (ConvKernels, "")
     norm.add_norm_kernels = lambda: (AddNormKernels, "")
     swiglu.fused_kernels = lambda: (SwigluKernels, "")
@@ -213,7 +208,7 @@ def fla_standins(mode: Inventory):
     finally:
         for name, accessor in saved.items():
             setattr(fla_kernels, name, accessor)
-        fused_or_plain.resolve, kda.resolve_kda_backend = saved_resolve, saved_kda
+        registry.resolve = saved_resolve
         short_conv.fused_kernels = saved_conv
         norm.add_norm_kernels, swiglu.fused_kernels = saved_add_norm, saved_swiglu
         engram_gate.fused_kernels = saved_gate

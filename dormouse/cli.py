@@ -325,7 +325,7 @@ def _add_tune(sub) -> None:
         metavar="DIR",
         default=None,
         help="read the choices of DIR and add the new ones there instead (an empty DIR: every kernel is timed "
-        "on this card; a card's pin is such a folder, committed under dormouse/model/fla_configs/)",
+        "on this card; a card's pin is such a folder, committed under dormouse/ops/fla/configs/)",
     )
     add_config_flags(p)
     p.set_defaults(func=tune.cli)

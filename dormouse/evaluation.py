@@ -22,8 +22,9 @@ from dormouse import counters, ledger, metrics
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import DormouseError
-from dormouse.model import dspark, fla_pin, jepa
+from dormouse.model import dspark, jepa
 from dormouse.model.engram import EngramStats
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.parallel.engram_shard import idle_lookups
 from dormouse.parallel.fsdp import is_sharded
 from dormouse.parallel.world import World

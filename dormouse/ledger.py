@@ -69,15 +69,9 @@ def counted_summary() -> str:
 
 
 # Modules of Triton kernels alone: they import only where Triton is and register no site (a test reads them).
-TRITON_ONLY = (
-    "dormouse.model.short_conv_kernels",
-    "dormouse.model.norm_kernels",
-    "dormouse.model.swiglu_kernels",
-    "dormouse.model.engram_gate_kernels",
-    "dormouse.train.sinkhorn_kernels",
-    "dormouse.train.momentum_kernels",
-    "dormouse.train.row_sum_kernels",
-    "dormouse.train.row_adam_kernels",
+TRITON_ONLY = tuple(
+    f"dormouse.ops.{op}.triton"
+    for op in ("short_conv", "norm", "swiglu", "engram_gate", "sinkhorn", "momentum", "row_sum", "row_adam")
 )
 
 

@@ -11,10 +11,7 @@ import math
 from dormouse.config import Config, graph_blockers, resolve_parallel
 from dormouse.config_checks import validate
 from dormouse.errors import ConfigError
-from dormouse.model.kda import resolve_kda_backend
-from dormouse.model.norm import resolve_norm_backend
-from dormouse.model.short_conv import check_fused_width, resolve_conv_backend
-from dormouse.model.swiglu import resolve_swiglu_backend
+from dormouse.ops import kda, norm, registry, short_conv, swiglu
 
 
 def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
@@ -23,12 +20,11 @@ def resolve(cfg: Config, *, cuda_available: bool | None = None) -> Config:
     out = resolve_values(cfg, cuda_available=cuda_available)
     m, device = out.model, out.train.device
     if m.mixer == "kda":
-        m.kda_backend = resolve_kda_backend(m.kda_backend, device)
+        m.kda_backend = registry.resolve(kda.OP.name, m.kda_backend, device)
         if m.short_conv:
-            m.conv_backend = resolve_conv_backend(m.conv_backend, device)
-            check_fused_width(m.conv_backend, m.conv_size)
-    m.norm_backend = resolve_norm_backend(m.norm_backend, device)
-    m.swiglu_backend = resolve_swiglu_backend(m.swiglu_backend, device)
+            m.conv_backend = "fused" if short_conv.is_fused(m.conv_backend, device, m.conv_size) else "plain"
+    m.norm_backend = registry.resolve(norm.OP.name, m.norm_backend, device)
+    m.swiglu_backend = registry.resolve(swiglu.OP.name, m.swiglu_backend, device)
     return out
 
 

@@ -1,14 +1,14 @@
-"""A float64 torch stand-in for model/short_conv_kernels.py (which needs Triton and CUDA), shared by the
+"""A float64 torch stand-in for ops/short_conv/triton.py (which needs Triton and CUDA), shared by the
 CPU tests of the fused conv path (tests/test_short_conv.py, tests/test_kda.py)."""
 
 import torch
 import torch.nn.functional as F
 
-from dormouse.model.norm import l2norm
+from dormouse.ops.norm.reference import l2norm
 
 
 class StandInKernels:
-    """model/short_conv_kernels.py's contract in torch, float64 inside: `forward` returns SiLU(conv i(x))
+    """ops/short_conv/triton.py's contract in torch, float64 inside: `forward` returns SiLU(conv i(x))
     for each of n convs over adjacent channel slices, [n, B, T, C], the first `norm` L2-normalised per
     head; `backward` writes the input's gradient into dx's first n·C channels and returns the weight's."""
 

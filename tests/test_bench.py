@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from dormouse import config, ledger, rng
 from dormouse.cli import main
 from dormouse.errors import ConfigError
-from dormouse.model import fla_pin
 from dormouse.model.model import DormouseLM
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.resolve import resolve
 from dormouse.tools.bench import device, profiling, provenance
 from dormouse.tools.bench import rows as history_rows

@@ -65,7 +65,7 @@ def test_booleans_and_short_arms():
         (["--lr", "nan"], "lr nan is not finite"),
         (["--device", "cuda"], "no CUDA device"),
         (["--dtype", "bf16", "--device", "cpu"], "bf16"),
-        (["--kda-backend", "fla", "--device", "cpu"], "KDA backend 'fla' needs CUDA tensors"),
+        (["--kda-backend", "fla", "--device", "cpu"], "kda backend 'fla' needs CUDA, got device cpu"),
         (["--eval-bytes", "10"], "eval_bytes 10 is shorter than one sequence"),
         (["--engram-layers", "2"], r"engram_layers '2': distinct block layers in 0\.\.1, comma-separated"),
         (["--engram-layers", "0,0"], r"engram_layers '0,0': distinct block layers"),

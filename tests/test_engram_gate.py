@@ -1,5 +1,5 @@
-"""The engram gate (model/engram_gate.py) on the CPU: the fused path's wiring and its kernels' documented
-backward formulas, with a stand-in for model/engram_gate_kernels.py that computes those formulas in torch,
+"""The engram gate (ops/engram_gate/) on the CPU: the fused path's wiring and its kernels' documented
+backward formulas, with a stand-in for ops/engram_gate/triton.py that computes those formulas in torch,
 against autograd of the float64 gate; the policy (fused with the norms, counted, refused without kernels).
 
 The kernels' own numbers on CUDA are tests/gpu/test_engram_gate_fused.py; the plain path against the
@@ -10,19 +10,21 @@ import math
 
 import pytest
 import torch
+from backend_stand_in import force
 
 from dormouse import counters, ledger, rng
-from dormouse.model import engram_gate
 from dormouse.model.engram import Engram
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import RMSNorm
+from dormouse.ops import engram_gate
+from dormouse.ops.engram_gate import fused as gate_fused
 
 F64 = torch.float64
 D, ARMS_DIM = 8, 12
 
 
 class StandInKernels:
-    """model/engram_gate_kernels.py's contract in torch, float64 inside, its backward by the module
+    """ops/engram_gate/triton.py's contract in torch, float64 inside, its backward by the module
     docstring's formulas (not autograd): rows [N, D] with unit column stride, one rounding at each output.
     rstd and α stay float64 here (the kernels keep them in fp32), so the comparisons can be exact."""
 
@@ -57,8 +59,8 @@ class StandInKernels:
 @pytest.fixture
 def stand_in(monkeypatch):
     StandInKernels.calls = []
-    monkeypatch.setattr(engram_gate, "fused_kernels", lambda: (StandInKernels, ""))
-    monkeypatch.setattr(engram_gate, "resolve_norm_backend", lambda requested, device: "fused")
+    monkeypatch.setattr(gate_fused, "fused_kernels", lambda: (StandInKernels, ""))
+    force(monkeypatch, {"engram_gate": "fused"})
     return StandInKernels.calls
 
 
@@ -148,7 +150,7 @@ def test_the_module_fused_equals_plain(stand_in, monkeypatch):
     h = torch.randn(2, 6, D, generator=rng.generator(0, 2, "test"), dtype=F64)
     out_fused, _, _ = fused(h, fused.keys(x))
     out_fused.sum().backward()
-    monkeypatch.setattr(engram_gate, "resolve_norm_backend", lambda requested, device: "plain")
+    force(monkeypatch, {"engram_gate": "plain"})
     out_plain, _, _ = plain(h, plain.keys(x))
     out_plain.sum().backward()
     assert [c[0] for c in stand_in] == ["forward", "backward"]
@@ -158,8 +160,8 @@ def test_the_module_fused_equals_plain(stand_in, monkeypatch):
 
 
 def test_fused_without_kernels_is_refused_through_the_ledger(monkeypatch):
-    monkeypatch.setattr(engram_gate, "fused_kernels", lambda: (None, "ImportError: no triton"))
-    monkeypatch.setattr(engram_gate, "resolve_norm_backend", lambda requested, device: "fused")
+    monkeypatch.setattr(gate_fused, "fused_kernels", lambda: (None, "ImportError: no triton"))
+    force(monkeypatch, {"engram_gate": "fused"})
     h, e, _ = inputs()
     with pytest.raises(ledger.FallbackRefused, match="--norm-backend plain") as err:
         engram_gate.gate(h, e, *parts())

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dormouse import ledger
-from dormouse.model import fla_pin
-from dormouse.model.fla_pin import BORROWED, CONFIG_ROOT, kernel_source
+from dormouse.ops.fla import pin as fla_pin
+from dormouse.ops.fla.pin import BORROWED, CONFIG_ROOT, kernel_source
 
 H200 = CONFIG_ROOT / "NVIDIA_H200"  # the committed pin the fake cards of capability 9.0 borrow
 PINS = {"NVIDIA_H200": (9, 0)}

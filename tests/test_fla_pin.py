@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dormouse.model import fla_kernels, fla_pin
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.fla import pin as fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 from merge_fla_pin import merge  # noqa: E402
@@ -86,7 +87,7 @@ def test_no_gpu_test_or_bench_imports_fla_before_the_pin_is_set():
         for line in path.read_text().splitlines()
         if line.startswith(("import fla", "from fla")) or 'importorskip("fla' in line  # module level
     ]
-    assert offenders == [], "import fla through dormouse.model.fla_kernels: " + ", ".join(offenders)
+    assert offenders == [], "import fla through dormouse.ops.fla.kernels: " + ", ".join(offenders)
 
 
 def test_merge_adds_only_choices_the_pin_did_not_make_and_appends_them(tmp_path):

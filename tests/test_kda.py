@@ -8,14 +8,21 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from backend_stand_in import force
 from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import counters, ledger, rng
-from dormouse.model import fla_kernels, kda_layer, short_conv
-from dormouse.model import kda as kda_module
-from dormouse.model.kda import _bounded_chunk, _decayed_scores, kda, kda_chunked, kda_recurrent, resolve_kda_backend
+from dormouse.model import kda_layer
 from dormouse.model.kda_layer import KDA_PARAM_GROUPS, KDALayer
-from dormouse.model.norm import GatedRMSNorm, l2norm
+from dormouse.model.norm import GatedRMSNorm
+from dormouse.ops import kda as kda_module
+from dormouse.ops import registry
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.kda import kda
+from dormouse.ops.kda.chunked import _bounded_chunk, _decayed_scores, kda_chunked
+from dormouse.ops.kda.reference import kda_recurrent
+from dormouse.ops.norm.reference import l2norm
+from dormouse.ops.short_conv import fused as conv_fused
 
 
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -188,7 +195,7 @@ def test_the_layer_hands_its_gate_bound_to_the_chunked_form(monkeypatch, bound):
         seen.append(lower_bound)
         return kda_chunked(*args, lower_bound=lower_bound, **kw)
 
-    monkeypatch.setattr(kda_module, "kda_chunked", spy)
+    monkeypatch.setattr(kda_module.chunked, "kda_chunked", spy)
     make_layer(gate_lower_bound=bound, backend="chunked")(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
     assert seen == [bound]
 
@@ -304,7 +311,7 @@ def test_prefill_then_step_matches_forward(short_conv):
 
 
 def test_a_cache_under_autograd_equals_the_one_without():
-    # Under autograd q, k, v are convolved as slices of one projection (short_conv.convolve_packed) and the
+    # Under autograd q, k, v are convolved as slices of one projection (ops/short_conv/ `convolve_packed`) and the
     # conv tails cut from it; without, each conv runs on its own projection: the same output and cache, to
     # the rounding of one matmul against six.
     layer = make_layer(backend="chunked", chunk_size=16)
@@ -381,18 +388,18 @@ def test_auto_on_cuda_without_fla_is_refused(monkeypatch):
     monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (None, "ModuleNotFoundError: No module named 'fla'"))
     for requested in ("auto", "fla"):
         with pytest.raises(ledger.FallbackRefused, match="install the extra `gpu`") as err:
-            resolve_kda_backend(requested, torch.device("cuda"))
+            registry.resolve("kda", requested, torch.device("cuda"))
         assert err.value.site == "kda.fla_unavailable"
 
 
 def test_resolve_backend_names():
     cpu = torch.device("cpu")
-    assert resolve_kda_backend("auto", cpu) == "chunked"
-    assert resolve_kda_backend("chunked", cpu) == "chunked"
-    assert resolve_kda_backend("recurrent", cpu) == "recurrent"
-    with pytest.raises(ValueError, match="unknown KDA backend"):
-        resolve_kda_backend("triton", cpu)
-    with pytest.raises(ValueError, match="unknown KDA backend"):
+    assert registry.resolve("kda", "auto", cpu) == "chunked"
+    assert registry.resolve("kda", "chunked", cpu) == "chunked"
+    assert registry.resolve("kda", "recurrent", cpu) == "recurrent"
+    with pytest.raises(ValueError, match="unknown kda backend"):
+        registry.resolve("kda", "triton", cpu)
+    with pytest.raises(ValueError, match="unknown kda backend"):
         make_layer(backend="triton")
 
 
@@ -445,7 +452,7 @@ def test_fla_gets_the_gate_input_uncast_when_it_computes_the_gate(monkeypatch, p
         return torch.zeros_like(v), None
 
     monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (stand_in, ""))
-    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    force(monkeypatch, {"kda": "fla"})
     layer = make_layer(backend="fla", fla_prep_in_kernel=prep_in_kernel)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         layer(torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test")))
@@ -465,7 +472,7 @@ def test_fla_options_reach_fla_and_default_to_none(monkeypatch):
         return torch.zeros_like(v), None
 
     monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (stand_in, ""))
-    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    force(monkeypatch, {"kda": "fla"})
     x = torch.randn(1, 8, 32, generator=rng.generator(0, 0, "test"))
     make_layer()(x)
     make_layer(fla_safe_gate=True, fla_recompute=False)(x)
@@ -510,10 +517,10 @@ def assert_fla_layer_equals_chunked(monkeypatch, chunk_kda, fused_convs=False, *
     ref = ref_layer(x)
     ref.square().sum().backward()
     monkeypatch.setattr(fla_kernels, "chunk_kda", lambda: (chunk_kda, ""))
-    monkeypatch.setattr(kda_module, "resolve_kda_backend", lambda requested, device: "fla")
+    force(monkeypatch, {"kda": "fla"})
     if fused_convs:
-        monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
-        monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: "fused")
+        monkeypatch.setattr(conv_fused, "fused_kernels", lambda: (StandInKernels, ""))
+        force(monkeypatch, {"kda": "fla", "conv": "fused"})
     layer = make_layer(backend="fla", fla_prep_in_kernel=True, **layer_kw).double()
     out = layer(x)
     out.square().sum().backward()
@@ -523,7 +530,7 @@ def assert_fla_layer_equals_chunked(monkeypatch, chunk_kda, fused_convs=False, *
 
 
 class FlaPartsAsDocumented:
-    """A stand-in for fla's parts under chunk_kda (fla_kernels.ChunkKDAParts, kda_fla.py's Function):
+    """A stand-in for fla's parts under chunk_kda (fla_kernels.ChunkKDAParts, ops/kda/fla.py's Function):
     `fwd` computes `fla_as_documented`'s function of the raw gate, `bwd` differentiates it by autograd,
     the beta sigmoid is torch's; each call recorded."""
 
@@ -563,7 +570,7 @@ class FlaPartsAsDocumented:
 @pytest.mark.parametrize("K", [8, 6], ids=["head8", "head6"])
 def test_the_fused_convs_normalise_q_and_k_and_fla_is_not_asked_to_again(monkeypatch, K):
     # With the conv kernels fused (their float64 stand-in), the packed convs L2-normalise q and k inside
-    # the conv launch and hand out fp32 gradient sinks: fla's forward and backward run under kda_fla's
+    # the conv launch and hand out fp32 gradient sinks: fla's forward and backward run under ops/kda/fla.py's
     # Function (fla's chunk_kda not at all), q's and k's gradients reach the convs through the sinks, and
     # the layer's output and every parameter's gradient still equal the chunked form's (a second norm or
     # none would not, nor a gradient lost on the way). A head that is not a power of two (the kernels'

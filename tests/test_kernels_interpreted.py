@@ -25,18 +25,19 @@ from float64_references import conv, conv_grads, gate_grads, head_rstd  # noqa: 
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build  # noqa: E402
-from dormouse.model import (  # noqa: E402
-    engram_gate,
-    fused_or_plain,
-    norm_kernels,
-    short_conv,
-    short_conv_kernels,
-    swiglu_kernels,
-)
-from dormouse.model import engram_gate_kernels as gate_kernels  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.ops import registry, sinkhorn  # noqa: E402
+from dormouse.ops.engram_gate import fused as engram_gate  # noqa: E402
+from dormouse.ops.engram_gate import triton as gate_kernels  # noqa: E402
+from dormouse.ops.norm import triton as norm_kernels  # noqa: E402
+from dormouse.ops.row_sum import triton as row_sum_kernels  # noqa: E402
+from dormouse.ops.short_conv import fused as short_conv  # noqa: E402
+from dormouse.ops.short_conv import triton as short_conv_kernels  # noqa: E402
+from dormouse.ops.sinkhorn import reference as sinkhorn_reference  # noqa: E402
+from dormouse.ops.sinkhorn import triton as sinkhorn_kernels  # noqa: E402
+from dormouse.ops.swiglu import triton as swiglu_kernels  # noqa: E402
 from dormouse.resolve import resolve  # noqa: E402
-from dormouse.train import optim, row_sum_kernels, sinkhorn_kernels  # noqa: E402
+from dormouse.train import optim  # noqa: E402
 from dormouse.train.sparse import RowPlan, SparseRowAdam  # noqa: E402
 
 # max|d| / max|ref|: fp32 arithmetic; a bf16 store truncated by the interpreter (< 2^-7 relative)
@@ -53,11 +54,11 @@ def randn(*shape, seed=0, dtype=torch.float32, scale=1.0):
 
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
-    """The optimizers' and the tables' kernel paths (`fused_or_plain.on_kernel_device`) on CPU tensors."""
-    monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t: True)
+    """The optimizers' and the tables' kernel paths (`registry.on_kernel_device`) on CPU tensors."""
+    monkeypatch.setattr(registry, "on_kernel_device", lambda t: True)
 
 
-# ---- the short conv (model/short_conv_kernels.py)
+# ---- the short conv (ops/short_conv/triton.py)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +103,7 @@ def test_packed_conv_normalising_q_and_k_with_fp32_and_bf16_gradients():
 
 
 def test_fused_convs_function_adds_the_sinks_and_writes_the_rest(monkeypatch):
-    # The autograd Function around the kernels (short_conv.fused_convs): q's and k's gradients handed to
+    # The autograd Function around the kernels (ops/short_conv/fused.py `fused_convs`): q's and k's gradients handed to
     # their fp32 sinks, v's to its output; the 6 channels after them pass through as views, their
     # gradient copied into the one input gradient; the weights' gradients split per conv.
     B, T, C, head = 2, 13, 32, 16
@@ -119,7 +120,7 @@ def test_fused_convs_function_adds_the_sinks_and_writes_the_rest(monkeypatch):
     assert rel(q, conv(packed[..., :C], weights[0], 1, 1, 1, head)[0]) <= 1e-5
 
 
-# ---- the engram gate (model/engram_gate_kernels.py, model/engram_gate.py)
+# ---- the engram gate (ops/engram_gate/triton.py, ops/engram_gate/)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -155,7 +156,7 @@ def test_engram_gate_gain_gradient_parts_sum_over_many_programs(monkeypatch):
     assert rel(dw_h, want[2]) <= 1e-5 and rel(dw_k, want[3]) <= 1e-5 and rel(dh, want[0]) <= 1e-5
 
 
-# ---- the add-norm backward (model/norm_kernels.py) and SwiGLU (model/swiglu_kernels.py)
+# ---- the add-norm backward (ops/norm/triton.py) and SwiGLU (ops/swiglu/triton.py)
 
 
 @pytest.mark.parametrize("with_dsum", [True, False], ids=["sum-gradient", "no-sum-gradient"])
@@ -202,18 +203,20 @@ def stack(*shape, seed):
 @pytest.mark.parametrize("shape", [(3, 70, 100), (2, 300, 33), (1, 1, 64), (1, 64, 1)])
 def test_sr_sinkhorn_kernels_against_float64(shape, kernels_on_cpu):
     u = stack(*shape, seed=60)
-    got = optim.sr_sinkhorn(u.float(), 5)
-    want = optim.sr_sinkhorn_torch(u, 5, 1e-12)
+    got = sinkhorn.sr_sinkhorn(u.float(), 5)
+    want = sinkhorn_reference.sr_sinkhorn(u, 5, 1e-12)
     assert (got.double() - want).abs().max().item() <= 4e-6
     assert (got[0, 3:4] == 0).all() and (got[-1, :, 5:6] == 0).all() and torch.isfinite(got).all()
 
 
 def test_sr_sinkhorn_rows_wider_than_a_block(kernels_on_cpu, monkeypatch):
-    kernels = optim.sinkhorn_kernels(torch.device("cpu"))
+    kernels = sinkhorn.kernels(torch.device("cpu"))
     monkeypatch.setattr(kernels, "ROW_BLOCK", 64)
     monkeypatch.setattr(kernels, "PARTS_AT_ONCE", 2)
     u = stack(2, 150, 130, seed=61)
-    assert (optim.sr_sinkhorn(u.float(), 5).double() - optim.sr_sinkhorn_torch(u, 5, 1e-12)).abs().max() <= 4e-6
+    assert (
+        sinkhorn.sr_sinkhorn(u.float(), 5).double() - sinkhorn_reference.sr_sinkhorn(u, 5, 1e-12)
+    ).abs().max() <= 4e-6
 
 
 @pytest.mark.parametrize("capturable", [False, True], ids=["lr-numbers", "lr-tensors"])
@@ -226,7 +229,7 @@ def test_nesterov_sinkhorn_kernel_path_steps_as_float64(capturable, monkeypatch)
     grads = [[randn(*s, seed=80 + 3 * j + i).double() for i, s in enumerate(shapes)] for j in range(3)]
     results = {}
     for on_kernels, dtype in ((True, torch.float32), (False, torch.float64)):
-        monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t, on=on_kernels: on)
+        monkeypatch.setattr(registry, "on_kernel_device", lambda t, on=on_kernels: on)
         ws = [torch.nn.Parameter(w.to(dtype)) for w in w0]
         opt = optim.NesterovSinkhorn(ws, lr=0.01, weight_decay=0.1, capturable=capturable and on_kernels)
         for j, step in enumerate(grads):
@@ -259,7 +262,7 @@ def test_sparse_row_adam_kernel_path_steps_as_float64(lr, monkeypatch):
         steps.append((index, values))
     results = {}
     for on_kernels, dtype in ((True, torch.float32), (False, torch.float64)):
-        monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t, on=on_kernels: on)
+        monkeypatch.setattr(registry, "on_kernel_device", lambda t, on=on_kernels: on)
         w = torch.nn.Parameter(w0.to(dtype))
         opt = SparseRowAdam([w], lr=lr)
         for i, (index, values) in enumerate(steps):
@@ -286,7 +289,7 @@ def test_row_sums_kernel_adds_as_the_torch_path_bit_for_bit(lookups, rows, dim, 
     values = randn(lookups, dim, seed=101)
     plan = RowPlan(index)
     got = plan.coalesce(values, rows)
-    monkeypatch.setattr(fused_or_plain, "on_kernel_device", lambda t: False)
+    monkeypatch.setattr(registry, "on_kernel_device", lambda t: False)
     want = plan.coalesce(values, rows)
     assert torch.equal(got.indices(), want.indices()) and torch.equal(got.values(), want.values())
     assert row_sum_kernels._warps(dim) == 1
@@ -299,7 +302,7 @@ def test_sinkhorn_step_writes_the_weights_through_their_addresses():
     before = [w.double() for w in ws]
     table = torch.tensor([w.data_ptr() for w in ws], dtype=torch.int64)
     sinkhorn_kernels.sinkhorn_step_(u.float(), 5, 1e-12, table, 0.01, 0.999)
-    x = optim.sr_sinkhorn_torch(u, 5, 1e-12)
+    x = sinkhorn_reference.sr_sinkhorn(u, 5, 1e-12)
     for w, b, x_i in zip(ws, before, x, strict=True):
         assert (w.double() - (b * 0.999 - 0.01 * x_i)).abs().max().item() <= 1e-6
     kept = [w.clone() for w in ws]
@@ -318,7 +321,7 @@ def test_a_model_step_on_the_kernels_equals_the_torch_path(monkeypatch):
     model_cfg = dataclasses.replace(
         resolve(build("nano"), cuda_available=False).model, norm_backend="plain", engram=True, dropout=0.0
     )
-    monkeypatch.setattr(fused_or_plain, "resolve", lambda requested, device, **_: requested.replace("auto", "fused"))
+    monkeypatch.setattr(registry, "resolve", lambda name, requested, device: requested.replace("auto", "fused"))
     ids = torch.randint(0, 256, (1, 32), generator=rng.generator(0, 0, "test"))
     results = {}
     for backend in ("fused", "plain"):

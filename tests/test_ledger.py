@@ -18,29 +18,43 @@ def test_the_modules_all_sites_skips_register_nothing():
 
 def site_uses() -> list[tuple[str, str, ledger.Kind]]:
     """Every use of a site in dormouse/, as (file:line, site, the kind the use needs): `ledger.count(site)`
-    needs COUNTED; `ledger.refuse(site, …)` and fused_or_plain's `resolve(…, site=site)` and
-    `required(found, site, …)`, which refuse at it, need LOUD. A site is a string or a module global."""
+    needs COUNTED; `ledger.refuse(site, …)`, an op's `registry.Op(name, flag, site, …)` and
+    `registry.required(found, site, …)`, which refuse at it, need LOUD. A site is a string or a module
+    global (`NAME` or `module.NAME`)."""
     uses = []
     for path in sorted((ROOT / "dormouse").rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             owner, name = getattr(node.func.value, "id", None), node.func.attr
             if owner == "ledger" and name in ("count", "refuse"):
                 arg = node.args[0]
-            elif owner == "fused_or_plain" and name == "resolve":
-                (arg,) = [k.value for k in node.keywords if k.arg == "site"]
-            elif owner == "fused_or_plain" and name == "required":
+            elif owner == "registry" and name == "Op":
+                arg = node.args[2] if len(node.args) > 2 else next(k.value for k in node.keywords if k.arg == "site")
+            elif owner == "registry" and name == "required":
                 arg = node.args[1]
             else:
                 continue
-            if module == "dormouse.model.fused_or_plain" and getattr(arg, "id", None) == "site":
-                continue  # the parameter: its callers' sites are the uses above
+            if module == "dormouse.ops.registry":
+                continue  # `op.site` and the `site` parameter: their callers' sites are the uses above
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
-            site = arg.value if isinstance(arg, ast.Constant) else getattr(importlib.import_module(module), arg.id)
-            uses.append((where, site, ledger.Kind.COUNTED if name == "count" else ledger.Kind.LOUD))
+            uses.append((where, site_value(arg, module), ledger.Kind.COUNTED if name == "count" else ledger.Kind.LOUD))
     return uses
+
+
+def site_value(arg: ast.expr, module: str) -> str:
+    """The site an argument names: a string, or a global of `module` (`NAME`, `other.NAME`)."""
+    if isinstance(arg, ast.Constant):
+        return arg.value
+    names = []
+    while isinstance(arg, ast.Attribute):
+        names.insert(0, arg.attr)
+        arg = arg.value
+    value = getattr(importlib.import_module(module), arg.id)
+    for name in names:
+        value = getattr(value, name)
+    return value
 
 
 def test_every_site_is_used_as_the_kind_it_is_registered_with():

@@ -73,43 +73,41 @@ def data_shard_hash_mismatch(tmp: Path, monkeypatch) -> None:
 
 
 def kda_fla_unavailable(tmp: Path, monkeypatch) -> None:
-    from dormouse.model.kda import resolve_kda_backend
+    from dormouse.ops import kda, registry
 
-    resolve_kda_backend("fla", torch.device("cpu"))
+    registry.resolve(kda.OP.name, "fla", torch.device("cpu"))
 
 
 def norm_fused_unavailable(tmp: Path, monkeypatch) -> None:
-    from dormouse.model.norm import resolve_norm_backend
+    from dormouse.ops import norm, registry
 
-    resolve_norm_backend("fused", torch.device("cpu"))
+    registry.resolve(norm.OP.name, "fused", torch.device("cpu"))
 
 
 def conv_fused_unavailable(tmp: Path, monkeypatch) -> None:
-    from dormouse.model.short_conv import resolve_conv_backend
+    from dormouse.ops import registry, short_conv
 
-    resolve_conv_backend("fused", torch.device("cpu"))
+    registry.resolve(short_conv.OP.name, "fused", torch.device("cpu"))
 
 
 def swiglu_fused_unavailable(tmp: Path, monkeypatch) -> None:
-    from dormouse.model.swiglu import resolve_swiglu_backend
+    from dormouse.ops import registry, swiglu
 
-    resolve_swiglu_backend("fused", torch.device("cpu"))
+    registry.resolve(swiglu.OP.name, "fused", torch.device("cpu"))
 
 
 def optim_sinkhorn_kernels_unavailable(tmp: Path, monkeypatch) -> None:
-    from dormouse.model import fused_or_plain
-    from dormouse.train.optim import sinkhorn_kernels
+    from dormouse.ops import registry, sinkhorn
 
-    monkeypatch.setattr(fused_or_plain, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
-    sinkhorn_kernels(torch.device("cuda"))
+    monkeypatch.setattr(registry, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
+    sinkhorn.kernels(torch.device("cuda"))
 
 
 def sparse_row_sum_kernels_unavailable(tmp: Path, monkeypatch) -> None:
-    from dormouse.model import fused_or_plain
-    from dormouse.train.sparse import table_kernels
+    from dormouse.ops import registry, row_sum
 
-    monkeypatch.setattr(fused_or_plain, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
-    table_kernels(torch.device("cuda"))
+    monkeypatch.setattr(registry, "own_kernels", lambda module: (None, "ImportError: no Triton (test)"))
+    row_sum.kernels(torch.device("cuda"))
 
 
 def precision_triton_switch(tmp: Path, monkeypatch) -> None:
@@ -140,7 +138,7 @@ def memory_enforced(tmp: Path, monkeypatch) -> None:
 def fla_unpinned(tmp: Path, monkeypatch) -> None:
     # fla and Triton exist only on the GPU machine: a stand-in autotuner holds one kernel choice, and a
     # stand-in of fla's config lookup finds no pinned entry for it (what fla returns for an unpinned key).
-    from dormouse.model import fla_pin
+    from dormouse.ops.fla import pin as fla_pin
 
     lookup = SimpleNamespace(AutotuneKey=lambda key: key, load_cached_config=lambda kernel, key: None)
     monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", lookup)
@@ -151,7 +149,7 @@ def fla_unpinned(tmp: Path, monkeypatch) -> None:
 
 def fla_borrowed_pin(tmp: Path, monkeypatch) -> None:
     # A made-up card of the H200's compute capability, with no pin of its own, borrows the H200's.
-    from dormouse.model import fla_pin
+    from dormouse.ops.fla import pin as fla_pin
 
     source = fla_pin.kernel_source("Fake GPU X9", (9, 0), {"HOME": str(tmp)})
     fla_pin._apply(source, {}, lambda *hook: None)

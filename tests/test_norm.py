@@ -5,10 +5,13 @@ The fused path's numbers (output and gradients equal to plain) are tests/gpu/tes
 
 import pytest
 import torch
+from backend_stand_in import force
 
 from dormouse import config, counters, ledger
 from dormouse.model.model import DormouseLM
-from dormouse.model.norm import RMSNorm, set_norm_backend
+from dormouse.model.norm import GatedRMSNorm, RMSNorm, set_norm_backend
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.norm import fla as norm_fla
 from dormouse.resolve import resolve
 
 
@@ -75,7 +78,7 @@ def stand_in_ops(calls):
 
 
 def stand_in_add_norm_kernels(ops):
-    """model/norm_kernels.py's backward as fla's layer_norm_bwd with `dres` computes it (the same arithmetic)."""
+    """ops/norm/triton.py's backward as fla's layer_norm_bwd with `dres` computes it (the same arithmetic)."""
 
     def backward(dy, normed, weight, rstd, dsum, x_dtype):
         dx, dw, _, dres_in = ops.layer_norm_bwd(dy, normed, weight, None, rstd, dsum, True, True, x_dtype)
@@ -86,15 +89,14 @@ def stand_in_add_norm_kernels(ops):
 
 def fused_by_stand_ins(monkeypatch, ops) -> None:
     """The fused norm paths chosen, fla's kernels and dormouse's add-norm backward replaced by `ops`."""
-    from dormouse.model import fla_kernels, norm
 
     def rms_norm(x, weight, bias, eps):  # fla's rms_norm: the same kernel, the input's dtype out
         return ops.layer_norm_fwd(x.reshape(-1, x.shape[-1]), weight, bias, eps)[0].view(x.shape)
 
     monkeypatch.setattr(fla_kernels, "layer_norm_ops", lambda: (ops, ""))
     monkeypatch.setattr(fla_kernels, "rms_norm", lambda: (rms_norm, ""))
-    monkeypatch.setattr(norm, "add_norm_kernels", lambda: (stand_in_add_norm_kernels(ops), ""))
-    monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device: "fused")
+    monkeypatch.setattr(norm_fla, "add_norm_kernels", lambda: (stand_in_add_norm_kernels(ops), ""))
+    force(monkeypatch, {"norm": "fused"})
 
 
 def weighted_norm(weight: torch.Tensor, feeds_one_matmul: bool) -> RMSNorm:
@@ -167,8 +169,6 @@ def test_add_and_norm_for_the_head_writes_bf16_and_a_sum_nobody_reads_gets_no_gr
     # The final norm for the head (`for_matmul`, on an unflagged norm) writes autocast's dtype; the hidden
     # state it returns beside is not read, so its backward kernel gets no sum gradient (None, not a
     # tensor of zeros to fill and read), and the gradients equal the separate add and norm's.
-    from dormouse.model import norm as norm_mod
-
     ops = stand_in_ops([])
     fused_by_stand_ins(monkeypatch, ops)
     seen = []
@@ -178,7 +178,7 @@ def test_add_and_norm_for_the_head_writes_bf16_and_a_sum_nobody_reads_gets_no_gr
         seen.append(dsum)
         return kernels.backward(dy, normed, weight, rstd, dsum, x_dtype)
 
-    monkeypatch.setattr(norm_mod, "add_norm_kernels", lambda: (type("K", (), {"backward": staticmethod(backward)}), ""))
+    monkeypatch.setattr(norm_fla, "add_norm_kernels", lambda: (type("K", (), {"backward": staticmethod(backward)}), ""))
     gen = torch.Generator().manual_seed(0)
     a0, x0 = torch.randn(2, 3, 8, generator=gen).bfloat16(), 3 * torch.randn(2, 3, 8, generator=gen)
     lin = torch.randn(5, 8, generator=gen)
@@ -223,15 +223,13 @@ def test_the_block_flags_the_norms_that_feed_one_matmul():
 def test_the_gated_norm_runs_fla_s_gated_kernel_on_the_fused_path(monkeypatch):
     # The fused GatedRMSNorm is one call of fla's rms_norm_gated with the sigmoid activation and the
     # norm's own weight and eps (a float64 stand-in here), counted once; the fused refusal is the norm's.
-    from dormouse.model import fla_kernels, norm
-
     calls = []
 
     def rms_norm_gated(x, g, weight, bias, activation="swish", eps=1e-6):
         calls.append((activation, bias, eps))
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight * torch.sigmoid(g)
 
-    gated = norm.GatedRMSNorm(4, eps=1e-5).double()
+    gated = GatedRMSNorm(4, eps=1e-5).double()
     with torch.no_grad():
         gated.norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
     x = torch.tensor([[3.0, -4.0, 0.0, 1.0]], dtype=torch.float64)
@@ -240,7 +238,7 @@ def test_the_gated_norm_runs_fla_s_gated_kernel_on_the_fused_path(monkeypatch):
     with pytest.raises(ledger.FallbackRefused, match="--norm-backend plain"):
         gated(x, gate)  # on the CPU: refused at norm.fused_unavailable
     monkeypatch.setattr(fla_kernels, "rms_norm_gated", lambda: (rms_norm_gated, ""))
-    monkeypatch.setattr(norm, "resolve_norm_backend", lambda requested, device, gated=False: requested)
+    force(monkeypatch, {"norm": None, "norm.gated": None})
     counters.NORM.reset()
     y = gated(x, gate)
     assert calls == [("sigmoid", None, 1e-5)] and (counters.NORM.fused, counters.NORM.calls) == (1, 1)
@@ -253,10 +251,8 @@ def test_the_gated_norm_runs_fla_s_gated_kernel_on_the_fused_path(monkeypatch):
 
 
 def test_add_and_norm_fused_backward_without_its_kernel_is_refused_through_the_ledger(monkeypatch):
-    from dormouse.model import norm
-
     fused_by_stand_ins(monkeypatch, stand_in_ops([]))
-    monkeypatch.setattr(norm, "add_norm_kernels", lambda: (None, "ModuleNotFoundError: No module named 'triton'"))
+    monkeypatch.setattr(norm_fla, "add_norm_kernels", lambda: (None, "ModuleNotFoundError: No module named 'triton'"))
     n = weighted_norm(torch.ones(8), False)
     a = torch.randn(2, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
     h, _ = n.add_and_norm(a, torch.ones(2, 8))

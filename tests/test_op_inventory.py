@@ -79,7 +79,7 @@ def test_where_names_each_op_s_site():
 def test_the_engram_gate_runs_fused_on_one_matmul_of_the_looked_up_rows():
     found = rows(model={"engram": True})
     # The gate's two norms, their product and sum, the sigmoid and the scaling of v run in dormouse's
-    # kernels (model/engram_gate.py): no sigmoid and no [B, T, 1] op is left anywhere.
+    # kernels (ops/engram_gate/): no sigmoid and no [B, T, 1] op is left anywhere.
     assert not {op for op, _, _ in found} & {"sigmoid", "sigmoid_backward"}
     assert not any(shape == f"[{B}, {T}, 1]" and "f32" in dtypes for _, shape, dtypes in found)
     # v and k from one matmul of the looked-up rows [B, T, 6 arms x 32]: one cast of the rows, one

@@ -7,7 +7,8 @@ from torch import nn
 
 from dormouse import rng
 from dormouse.config import TrainConfig
-from dormouse.train.optim import NesterovSinkhorn, sr_sinkhorn
+from dormouse.ops.sinkhorn import sr_sinkhorn
+from dormouse.train.optim import NesterovSinkhorn
 from dormouse.train.routing import build_optimizers, route
 from dormouse.train.schedule import lr_multiplier
 

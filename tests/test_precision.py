@@ -9,7 +9,8 @@ import torch
 
 from dormouse import config, ledger
 from dormouse.errors import ConfigError
-from dormouse.model import fla_pin, precision
+from dormouse.model import precision
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.resolve import resolve
 
 

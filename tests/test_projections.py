@@ -7,10 +7,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from dormouse import rng
 from dormouse.model import model as model_module
-from dormouse.model import projections
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.model import DormouseLM
-from dormouse.model.projections import project
+from dormouse.ops import projections
+from dormouse.ops.projections import project
 
 
 def linears(widths, d=16):

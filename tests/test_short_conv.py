@@ -7,14 +7,21 @@ The kernels' own numbers (against float64, output and gradients) are tests/gpu/t
 
 import pytest
 import torch
+from backend_stand_in import force
 from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import config, counters, ledger, rng
-from dormouse.model import short_conv
 from dormouse.model.engram import EngramConv
 from dormouse.model.model import DormouseLM
 from dormouse.model.short_conv import ShortConv, set_conv_backend
+from dormouse.ops import short_conv
+from dormouse.ops.short_conv import fused as conv_fused
 from dormouse.resolve import resolve
+
+
+def convolve(h, convs, rest, **kw):
+    """`short_conv.convolve_packed` of the ShortConvs `convs` (their weights, their backend)."""
+    return short_conv.convolve_packed(h, tuple(c.weight for c in convs), convs[0].backend, rest, **kw)
 
 
 def loop_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -71,8 +78,8 @@ def test_fused_on_cpu_is_refused_through_the_ledger():
 def fused(monkeypatch):
     """The fused path chosen on the CPU, its kernels the stand-in."""
     StandInKernels.calls = []
-    monkeypatch.setattr(short_conv, "fused_kernels", lambda: (StandInKernels, ""))
-    monkeypatch.setattr(short_conv, "resolve_conv_backend", lambda requested, device: requested)
+    monkeypatch.setattr(conv_fused, "fused_kernels", lambda: (StandInKernels, ""))
+    force(monkeypatch, {"conv": None})
     return StandInKernels.calls
 
 
@@ -103,7 +110,7 @@ def test_packed_convs_fused_equal_the_split_and_write_one_gradient(fused, norm):
         set_conv_backend(torch.nn.ModuleList(convs), backend)
         h = h0.clone().requires_grad_()
         counters.CONV.reset()
-        *outs, rest = short_conv.convolve_packed(h, convs, (2,), norm=norm, head=head)
+        *outs, rest = convolve(h, convs, (2,), norm=norm, head=head)
         assert rest.data_ptr() == h.data_ptr() + 3 * C * h.element_size()  # a view, not a copy
         assert (counters.CONV.fused, counters.CONV.calls) == ((3 if backend == "fused" else 0), 3)
         sum((o * dy).sum() for o, dy in zip(outs, dys, strict=True)).add((rest * drest).sum()).backward()
@@ -124,7 +131,7 @@ def test_gradients_given_to_the_sinks_reach_the_kernels_in_fp32_unrounded(fused)
     h = torch.randn(B, T, 3 * C + 2, generator=gen).bfloat16().requires_grad_()
     convs = tuple(make_conv(C, seed=s) for s in range(3))
     set_conv_backend(torch.nn.ModuleList(convs), "fused")
-    q, k, v, rest, q_sink, k_sink = short_conv.convolve_packed(h, convs, (2,), norm=2, head=2, sinks=2)
+    q, k, v, rest, q_sink, k_sink = convolve(h, convs, (2,), norm=2, head=2, sinks=2)
     assert q_sink.dtype == k_sink.dtype == torch.float32 and q_sink.shape == q.shape and q_sink.stride() == (0, 0, 0)
     assert not q_sink.any()
     dq, dk, dk_own = (torch.randn(B, T, C, generator=gen) for _ in range(3))
@@ -137,7 +144,7 @@ def test_gradients_given_to_the_sinks_reach_the_kernels_in_fp32_unrounded(fused)
     assert torch.equal(h.grad[..., 3 * C :], drest)
     with pytest.raises(ValueError, match="sinks come with the fused conv kernels only"):
         set_conv_backend(torch.nn.ModuleList(convs), "plain")
-        short_conv.convolve_packed(h, convs, (2,), norm=2, head=2, sinks=2)
+        convolve(h, convs, (2,), norm=2, head=2, sinks=2)
 
 
 def test_a_conv_wider_than_the_kernels_is_refused_on_the_fused_path(fused):
@@ -148,7 +155,7 @@ def test_a_conv_wider_than_the_kernels_is_refused_on_the_fused_path(fused):
     assert err.value.site == "conv.fused_unavailable"
     wide.backend = "plain"
     assert wide(torch.ones(1, 6, 3), None)[0].shape == (1, 6, 3)
-    short_conv.check_fused_width("plain", 8)  # nothing to refuse
+    assert not short_conv.is_fused("plain", torch.device("cpu"), 8)  # nothing to refuse
 
 
 def test_a_decode_step_runs_plain_and_is_counted(fused):

@@ -1,17 +1,19 @@
 """The FFN's SwiGLU activation on the CPU: the plain path against float64 by hand, the fused path's wiring
 (which halves of the packed projection it reads, where it writes their gradients) with a stand-in for the
-kernels (model/swiglu_kernels.py) that follows their contract, and the backend policy.
+kernels (ops/swiglu/triton.py) that follows their contract, and the backend policy.
 
 The fused kernels' own numbers on CUDA are tests/gpu/test_swiglu_fused.py.
 """
 
 import pytest
 import torch
+from backend_stand_in import force
 
 from dormouse import config, counters, ledger
-from dormouse.model import swiglu
 from dormouse.model.ffn import SwiGLU, set_swiglu_backend
 from dormouse.model.model import DormouseLM
+from dormouse.ops.swiglu import fused as swiglu_fused
+from dormouse.ops.swiglu import reference as swiglu_reference
 from dormouse.resolve import resolve
 
 
@@ -21,7 +23,7 @@ def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 class StandInKernels:
-    """model/swiglu_kernels.py's contract in torch: [N, H] operands with unit column stride (row strides
+    """ops/swiglu/triton.py's contract in torch: [N, H] operands with unit column stride (row strides
     as given), the maths in fp32, one rounding to the output's dtype; `backward` writes into d_gate, d_up."""
 
     calls = []
@@ -44,8 +46,8 @@ class StandInKernels:
 @pytest.fixture
 def stand_in(monkeypatch):
     StandInKernels.calls = []
-    monkeypatch.setattr(swiglu, "fused_kernels", lambda: (StandInKernels, ""))
-    monkeypatch.setattr(swiglu, "resolve_swiglu_backend", lambda requested, device: "fused")
+    monkeypatch.setattr(swiglu_fused, "fused_kernels", lambda: (StandInKernels, ""))
+    force(monkeypatch, {"swiglu": "fused"})
     return StandInKernels.calls
 
 
@@ -56,7 +58,7 @@ def make_ffn(seed=0, d=6, hidden=5) -> SwiGLU:
 def test_plain_is_silu_gate_times_up():
     gen = torch.Generator().manual_seed(1)
     gate, up = torch.randn(3, 7, generator=gen), torch.randn(3, 7, generator=gen)
-    assert torch.allclose(swiglu.plain(gate, up).double(), reference(gate, up), rtol=1e-6, atol=1e-7)
+    assert torch.allclose(swiglu_reference.swiglu(gate, up).double(), reference(gate, up), rtol=1e-6, atol=1e-7)
 
 
 def test_fused_packed_reads_the_halves_and_writes_one_gradient(stand_in):
@@ -65,7 +67,7 @@ def test_fused_packed_reads_the_halves_and_writes_one_gradient(stand_in):
     gen = torch.Generator().manual_seed(2)
     h = torch.randn(2, 3, 10, generator=gen, dtype=torch.float64, requires_grad=True)
     g = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64)
-    out = swiglu.fused_packed(h)
+    out = swiglu_fused.fused_packed(h)
     (dh,) = torch.autograd.grad(out, h, g)
     h_ref = h.detach().clone().requires_grad_()
     ref = reference(h_ref[..., :5], h_ref[..., 5:])
@@ -86,7 +88,7 @@ def test_the_module_fused_equals_plain_and_counts(stand_in, monkeypatch):
     y_fused.sum().backward()
     with torch.no_grad():
         y_eval, _ = fused(x)  # no autograd: the two projections apart, the forward kernel on the pair
-    monkeypatch.setattr(swiglu, "resolve_swiglu_backend", lambda requested, device: requested)
+    force(monkeypatch, {"swiglu": None})
     y_plain, _ = plain(x)
     y_plain.sum().backward()
     assert torch.allclose(y_fused, y_plain, rtol=1e-6, atol=1e-7) and torch.allclose(y_eval, y_plain)
@@ -98,7 +100,7 @@ def test_the_module_fused_equals_plain_and_counts(stand_in, monkeypatch):
 def test_fused_pair_refuses_autograd(stand_in):
     gate = torch.ones(2, 3, requires_grad=True)
     with pytest.raises(RuntimeError, match="fused_packed"):
-        swiglu.fused_pair(gate, torch.ones(2, 3))
+        swiglu_fused.fused_pair(gate, torch.ones(2, 3))
 
 
 def test_fused_on_cpu_is_refused_through_the_ledger():

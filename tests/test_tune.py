@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dormouse.cli import main
-from dormouse.model import fla_pin
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.train import trainer
 
 # fla and Triton exist only on the GPU machine: the stand-in card runs the config with torch's kernels.

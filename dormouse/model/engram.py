@@ -24,8 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dormouse import counters
-from dormouse.model import engram_gate
 from dormouse.model.engram_keys import (
     EngramWindow,
     check_config,
@@ -36,7 +34,10 @@ from dormouse.model.engram_keys import (
 )
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import RMSNorm
-from dormouse.model.short_conv import FusableConv, conv_tail, fused_convs
+from dormouse.model.short_conv import FusableConv
+from dormouse.ops import engram_gate, registry
+from dormouse.ops.short_conv.fused import fused_convs
+from dormouse.ops.short_conv.reference import conv_tail
 
 # ---- table rows ------------------------------------------------------------------------------------------
 
@@ -106,7 +107,7 @@ class EngramConv(FusableConv):
     Init: weight N(0, 0.02), so Y ≈ ṽ at first; RMSNorm gain 1.
 
     A call from the sequence start runs the fused path where the conv backend says so (`--conv-backend`,
-    as the KDA layers' short convs: model/short_conv.py's Triton kernels, the conv and its SiLU in one
+    as the KDA layers' short convs: ops/short_conv/'s Triton kernels, the conv and its SiLU in one
     kernel each way, fp32 inside) and is counted in counters.CONV either way.
     """
 
@@ -124,7 +125,7 @@ class EngramConv(FusableConv):
         """v [B, T, C] gated values, tail [B, tail_len, C] of the positions before (None: the sequence
         start) -> (Y [B, T, C], the new tail)."""
         fused = tail is None and v.shape[1] > 0 and self.is_fused(v.device)
-        counters.CONV.record(fused=fused)
+        registry.record("conv", fused)
         if fused:  # the same function: the norm of the zero padding is zero
             y = fused_convs(self.norm(v), (self.weight.view(v.shape[-1], -1),), self.dilation)[0]
             return v + y, conv_tail(v, self.tail_len)
@@ -163,7 +164,7 @@ class Engram(nn.Module):
         delta = ṽ + SiLU(CausalDWConv(RMSNorm(ṽ)))  with `conv` (EngramConv: kernel 4, dilation
                                                     max(orders)); delta = ṽ without
 
-    k, v and ṽ are model/engram_gate.py's: one matmul for both projections, and the gate fused into one
+    k, v and ṽ are ops/engram_gate/'s: one matmul for both projections, and the gate fused into one
     Triton kernel each way where the norms run fused (`--norm-backend`, auto on CUDA).
 
     Not taken: the demo's signed square root of the logit, `σ(sign(s)·sqrt(max(|s|, 1e−6)))` (in

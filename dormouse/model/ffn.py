@@ -10,17 +10,18 @@ Weights are created without drawing from torch's global RNG (`linear`, in model/
 import torch
 from torch import nn
 
-from dormouse.model import swiglu
 from dormouse.model.init import linear, normal_init_
-from dormouse.model.projections import linear_of, packed, project
+from dormouse.ops import registry
+from dormouse.ops import swiglu as swiglu_op
+from dormouse.ops.projections import linear_of
 
 
 class SwiGLU(nn.Module):
-    """`w_down(silu(w_gate x) * w_up x)`, no biases. The activation's path is `backend` (model/swiglu.py)."""
+    """`w_down(silu(w_gate x) * w_up x)`, no biases. The activation's path is `backend` (ops/swiglu/)."""
 
     def __init__(self, d_model: int, hidden: int, *, generator: torch.Generator):
         super().__init__()
-        self.backend = "auto"  # as asked for (swiglu.SWIGLU_BACKENDS); resolved per call on the input's device
+        self.backend = "auto"  # as asked for (registry.CHOICES); resolved per call on the input's device
         self.w_gate = linear(d_model, hidden)
         self.w_up = linear(d_model, hidden)
         self.w_down = linear(hidden, d_model)
@@ -31,12 +32,7 @@ class SwiGLU(nn.Module):
             normal_init_(lin.weight, gen)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if not swiglu.is_fused(self.backend, x.device):
-            gate, up = project(x, (self.w_gate, self.w_up))
-            return linear_of(swiglu.plain(gate, up), self.w_down), {}
-        if torch.is_grad_enabled():  # one matmul's output, its gradient written whole (no split, no cat)
-            return linear_of(swiglu.fused_packed(packed(x, (self.w_gate, self.w_up))), self.w_down), {}
-        return linear_of(swiglu.fused_pair(*project(x, (self.w_gate, self.w_up))), self.w_down), {}
+        return linear_of(swiglu_op.swiglu(x, self.w_gate, self.w_up, self.backend), self.w_down), {}
 
 
 class MoE(nn.Module):
@@ -144,9 +140,8 @@ def make_ffn(
 
 
 def set_swiglu_backend(module: nn.Module, backend: str) -> None:
-    """Set the requested backend (one of swiglu.SWIGLU_BACKENDS) on every SwiGLU inside `module`."""
-    if backend not in swiglu.SWIGLU_BACKENDS:
-        raise ValueError(f"unknown swiglu backend {backend!r}; choose one of {swiglu.SWIGLU_BACKENDS}")
+    """Set the requested backend (one of registry.CHOICES) on every SwiGLU inside `module`."""
+    registry.check_choice("swiglu", backend)
     for m in module.modules():
         if isinstance(m, SwiGLU):
             m.backend = backend

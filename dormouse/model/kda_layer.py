@@ -1,6 +1,6 @@
-"""The KDA mixer layer: fla's KimiDeltaAttention around the op of model/kda.py, with its projections,
+"""The KDA mixer layer: fla's KimiDeltaAttention around the op of ops/kda/, with its projections,
 short convolutions on q, k, v (model/short_conv.py), gates and gated output norm; on fla with the fused
-convs its training step runs under dormouse's own Function (model/kda_fla.py).
+convs its training step runs under dormouse's own Function (ops/kda/fla.py).
 """
 
 import math
@@ -12,13 +12,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
-from dormouse import counters
-from dormouse.model import kda as kda_op  # the op through its module: a stand-in set there reaches the layer
 from dormouse.model.init import linear, normal_init_
-from dormouse.model.kda_fla import chunk_kda_sunk
-from dormouse.model.norm import GatedRMSNorm, l2norm
-from dormouse.model.projections import affine_of, linear_of, packed, project
-from dormouse.model.short_conv import ShortConv, conv_tail, convolve_packed
+from dormouse.model.norm import GatedRMSNorm
+from dormouse.model.short_conv import ShortConv
+from dormouse.ops import kda as kda_op  # the op through its package: a stand-in set there reaches the layer
+from dormouse.ops import registry
+from dormouse.ops.kda.fla import chunk_kda_sunk, fla_options, prep_in_kernel_options
+from dormouse.ops.kda.reference import compute_dtype
+from dormouse.ops.norm.reference import l2norm
+from dormouse.ops.projections import affine_of, linear_of, packed, project
+from dormouse.ops.short_conv import convolve_packed
+from dormouse.ops.short_conv.reference import conv_tail
 
 # Every parameter group of KDALayer, in init order; the conv groups exist only with short_conv.
 KDA_PARAM_GROUPS = (
@@ -94,17 +98,14 @@ class KDALayer(nn.Module):
         fla_prep_in_kernel: bool = False,
     ):
         super().__init__()
-        if backend not in kda_op.KDA_BACKENDS:
-            raise ValueError(f"unknown KDA backend {backend!r}; choose one of {kda_op.KDA_BACKENDS}")
+        registry.check_choice("kda", backend)
         H, K = n_heads, head_dim
         self.n_heads, self.head_dim = H, K
         self.short_conv = short_conv
         self.gate_lower_bound = gate_lower_bound
         self.backend = backend
         self.chunk_size = chunk_size
-        self.fla_options = kda_op.fla_options(
-            safe_gate=fla_safe_gate, lower_bound=gate_lower_bound, recompute=fla_recompute
-        )
+        self.fla_options = fla_options(safe_gate=fla_safe_gate, lower_bound=gate_lower_bound, recompute=fla_recompute)
         self.fla_prep_in_kernel = fla_prep_in_kernel
         self.groups = tuple(n for n in KDA_PARAM_GROUPS if short_conv or n not in _CONV_GROUPS)
         self.q_proj = linear(d_model, H * K)
@@ -173,7 +174,7 @@ class KDALayer(nn.Module):
 
     def _decay(self, f: torch.Tensor) -> torch.Tensor:
         """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input `f`, in fp32 at least."""
-        f = f.to(kda_op.compute_dtype(f)) + self.dt_bias.view(self.n_heads, self.head_dim)
+        f = f.to(compute_dtype(f)) + self.dt_bias.view(self.n_heads, self.head_dim)
         A = self.A_log.exp()[:, None]
         if self.gate_lower_bound is None:
             return -A * F.softplus(f)
@@ -181,7 +182,7 @@ class KDALayer(nn.Module):
 
     def _project(self, x, cache, sinks: bool = False) -> _Projected:
         """x's six projections, q, k and v through their short convs (continuing the cache's tails). The
-        gradient sinks (short_conv.fused_convs) come with the fused convs where `sinks` asks for them."""
+        gradient sinks (ops/short_conv/fused.py `fused_convs`) come with the fused convs where `sinks` asks for them."""
         linears = (self.q_proj, self.k_proj, self.v_proj, self.f_a, self.b_proj, self.g_a)
         if not self.short_conv:  # the convs end in SiLU; without them the projections get it here
             q, k, v, f_low, b, g_low = project(x, linears)
@@ -193,7 +194,10 @@ class KDALayer(nn.Module):
             fuse_norm = all(conv.is_fused(h.device) for conv in convs) and _is_power_of_two(self.head_dim)
             n_sinks = 2 if fuse_norm and sinks else 0
             rest = tuple(lin.out_features for lin in linears[3:])
-            outs = convolve_packed(h, convs, rest, norm=2 if fuse_norm else 0, head=self.head_dim, sinks=n_sinks)
+            weights, backend = tuple(conv.weight for conv in convs), self.q_conv.backend
+            outs = convolve_packed(
+                h, weights, backend, rest, norm=2 if fuse_norm else 0, head=self.head_dim, sinks=n_sinks
+            )
             HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
             tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
             return _Projected(*outs[:6], conv_state=tails, qk_normed=fuse_norm, sinks=outs[6:] or None)
@@ -205,9 +209,9 @@ class KDALayer(nn.Module):
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        on_fla = self.fla_prep_in_kernel and kda_op.resolve_kda_backend(backend, x.device) == "fla"
+        on_fla = self.fla_prep_in_kernel and registry.resolve("kda", backend, x.device) == "fla"
         # Training on fla with the fused convs: fla's forward and backward under dormouse's Function, q's
-        # and k's gradients handed to the convs in fp32 (kda_fla.py)
+        # and k's gradients handed to the convs in fp32 (ops/kda/fla.py)
         p = self._project(x, cache, sinks=on_fla and not return_cache)
         q, k, v = (t.view(B, T, H, K) for t in (p.q, p.k, p.v))
         f = self._gate_input(p.f_low)
@@ -220,8 +224,8 @@ class KDALayer(nn.Module):
         return y, (KDACache(p.conv_state, state) if return_cache else None)
 
     def _kda_sunk(self, q, k, v, f, b, sinks) -> torch.Tensor:
-        """fla's KDA of the fused convs' q, k, v with their gradients handed back in fp32 (kda_fla.py)."""
-        counters.KDA.record(fused=True)
+        """fla's KDA of the fused convs' q, k, v with their gradients handed back in fp32 (ops/kda/fla.py)."""
+        registry.record("kda", fused=True)
         options = self.fla_options | {"lower_bound": self.gate_lower_bound}
         q_sink, k_sink = (t.view(q.shape) for t in sinks)
         return chunk_kda_sunk(
@@ -232,7 +236,7 @@ class KDALayer(nn.Module):
         """The mixer on the resolved backend (`kda`), its inputs prepared for it: (o, final state or None)."""
         options = self.fla_options
         if on_fla:
-            options = options | kda_op.prep_in_kernel_options(
+            options = options | prep_in_kernel_options(
                 self.A_log, self.dt_bias, self.gate_lower_bound, qk_norm=not qk_normed
             )
             # The gate's input in the projection's dtype, uncast: fla's gate kernels load it as fp32 (exact
@@ -245,7 +249,7 @@ class KDALayer(nn.Module):
             # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.
             if not qk_normed:
                 q, k = l2norm(q).to(v.dtype), l2norm(k).to(v.dtype)
-            g, beta = self._decay(f), torch.sigmoid(b.to(kda_op.compute_dtype(b)))
+            g, beta = self._decay(f), torch.sigmoid(b.to(compute_dtype(b)))
         return kda_op.kda(
             q,
             k,

@@ -38,8 +38,8 @@ from dormouse.model.layer import Layer
 from dormouse.model.loop import LoopPlan, MoRRouter, Stream, check_exit, top1_probability
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm, set_norm_backend
-from dormouse.model.projections import shared_casts
 from dormouse.model.short_conv import set_conv_backend
+from dormouse.ops.projections import shared_casts
 
 VOCAB = 256
 ENGRAM_FILE = "engram"  # the checkpoint file (stem) of the engram tables and their optimizer state

@@ -9,8 +9,8 @@ checked call.
 import torch
 
 from dormouse import rng
-from dormouse.model.kda import kda
-from dormouse.model.norm import l2norm
+from dormouse.ops.kda import kda
+from dormouse.ops.norm.reference import l2norm
 
 
 def make_inputs(shape, dtype, device, seed=0, gate_floor=None):

@@ -3,7 +3,7 @@
 A card without a committed pin times each fla kernel on first use (minutes, fla_pin.kernel_source).
 Tune runs two training steps and one eval of the config, as `dormouse train` would, in a temporary run
 directory, and adds the choices the files fla read did not make to the card's user cache (or to
-`--into DIR`, a folder that becomes a card's pin when committed under dormouse/model/fla_configs/).
+`--into DIR`, a folder that becomes a card's pin when committed under dormouse/ops/fla/configs/).
 """
 
 import os
@@ -28,7 +28,7 @@ def cli(args) -> int:
         # Read before fla's import: the folder's choices stand, new shapes of a kernel take their entry (fuzzy).
         os.environ["FLA_CONFIG_DIR"], os.environ["FLA_CACHE_MODE"] = str(Path(args.into).resolve()), "fuzzy"
     from dormouse.config_flags import config_from_args
-    from dormouse.model import fla_pin
+    from dormouse.ops.fla import pin as fla_pin
     from dormouse.runs import open_corpus
     from dormouse.train.trainer import Trainer
 

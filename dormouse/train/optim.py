@@ -41,77 +41,12 @@ captured in a CUDA graph (train/graphed_update.py) takes each step's learning ra
 the float path.
 """
 
-import math
 from collections import defaultdict
 
 import torch
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from dormouse import ledger
-from dormouse.model import fused_or_plain
-
-SINKHORN_KERNELS_UNAVAILABLE = ledger.register(
-    "optim.sinkhorn_kernels_unavailable",
-    ledger.Kind.LOUD,
-    "an fp32 SR-Sinkhorn (or NesterovSinkhorn's momentum) on CUDA runs dormouse's Triton kernels "
-    "(train/sinkhorn_kernels.py, train/momentum_kernels.py), and they are not importable (no Triton)",
-    __name__,
-)
-
-
-def sr_sinkhorn(u: torch.Tensor, iters: int = 5, eps: float = 1e-12) -> torch.Tensor:
-    """SR-Sinkhorn of a matrix `u` [m, n] (or a stack of them [N, m, n], each on its own): `iters`
-    times, every row to ℓ2 norm √n, then every column to √m.
-
-    Computed in fp32 at least (fp64 stays fp64); the result has that dtype. Norms are clamped below at
-    `eps`, so an all-zero row or column (an unused embedding row, a zero-initialised branch) stays zero
-    instead of becoming NaN. On CUDA in fp32 it runs dormouse's Triton kernels (train/sinkhorn_kernels.py:
-    three launches an iteration instead of ~40 small ones; the same arithmetic summed in another order);
-    elsewhere, and in fp64, torch's form (`sr_sinkhorn_torch`).
-    """
-    if u.ndim not in (2, 3):
-        raise ValueError(f"sr_sinkhorn takes a matrix [m, n] or a stack [N, m, n]; got shape {tuple(u.shape)}")
-    if iters < 1:
-        raise ValueError(f"sr_sinkhorn needs iters >= 1, got {iters}")
-    x = u.to(torch.promote_types(u.dtype, torch.float32))
-    if not (fused_or_plain.on_kernel_device(x) and x.dtype == torch.float32):
-        return sr_sinkhorn_torch(x, iters, eps)
-    stack = x if x.ndim == 3 else x.unsqueeze(0)
-    return sinkhorn_kernels(x.device).sr_sinkhorn(stack, iters, eps).view(x.shape)
-
-
-def sr_sinkhorn_torch(x: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """`sr_sinkhorn` in torch ops, of an fp32 or fp64 `x` [.., m, n]: the CPU's path and the kernels' reference."""
-    m, n = x.shape[-2:]
-    row_target, col_target = math.sqrt(n), math.sqrt(m)
-    for _ in range(iters):
-        x = x * (row_target / x.norm(dim=-1, keepdim=True).clamp_min(eps))
-        x = x * (col_target / x.norm(dim=-2, keepdim=True).clamp_min(eps))
-    return x
-
-
-def sinkhorn_kernels(device: torch.device, module: str = "sinkhorn_kernels"):
-    """dormouse's Triton kernels of NesterovSinkhorn (train/<module>.py: the SR-Sinkhorn's, or
-    "momentum_kernels") for stacks on `device` (CUDA); refused at `optim.sinkhorn_kernels_unavailable`
-    where Triton is not importable."""
-    found = fused_or_plain.own_kernels(f"dormouse.train.{module}")
-    return fused_or_plain.required(found, SINKHORN_KERNELS_UNAVAILABLE, f"NesterovSinkhorn's step on {device}")
-
-
-def momentum_lookahead_(g: torch.Tensor, m: torch.Tensor, beta: float, found_inf: torch.Tensor | None) -> torch.Tensor:
-    """M ← kept·M + (1 − β)·G in place, then the look-ahead U = (1 − β)·G + β·M, for a shape group's
-    stacked gradients g and momentum m [N, m, n]; kept = β, or 1 with G taken as 0 where `found_inf` is
-    non-zero (a skipped step leaves M bit for bit). U is written into g where it can be. On CUDA in fp32
-    dormouse's kernel (train/momentum_kernels.py: one pass where torch's form makes ~14); elsewhere torch's."""
-    if fused_or_plain.on_kernel_device(g) and g.dtype == torch.float32:
-        return sinkhorn_kernels(g.device, "momentum_kernels").momentum_lookahead_(g, m, beta, found_inf)
-    kept = beta
-    if found_inf is not None:
-        run = found_inf == 0
-        g = torch.where(run, g, 0.0)  # the skipped step's gradient may be non-finite: M must not see it
-        kept = torch.where(run, beta, 1.0)
-    m.mul_(kept).add_(g, alpha=1 - beta)
-    return g.mul_(1 - beta).add_(m, alpha=beta)
+from dormouse.ops import momentum, sinkhorn
 
 
 class NesterovSinkhorn(torch.optim.Optimizer):
@@ -215,21 +150,18 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         if self.found_inf is not None:  # a skipped step leaves W and M as they were, bit for bit
             run = self.found_inf == 0
             lr, decay = torch.where(run, lr, 0.0), torch.where(run, decay, 1.0)
-        u = momentum_lookahead_(g, self._momentum(params, work), beta, self.found_inf)
-        if (
-            fused_or_plain.on_kernel_device(u) and u.dtype == params[0].dtype == torch.float32
-        ):  # X and the step in the weights
-            table = self._addresses(params)
-            sinkhorn_kernels(u.device).sinkhorn_step_(u, group["iters"], group["eps"], table, lr, decay)
+        u = momentum.momentum_lookahead_(g, self._momentum(params, work), beta, self.found_inf)
+        if sinkhorn.steps_in_kernel(u, params[0].dtype):  # X and the step in the weights
+            sinkhorn.sinkhorn_step_(u, group["iters"], group["eps"], self._addresses(params), lr, decay)
             return
-        x = sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype).mul_(lr)
+        x = sinkhorn.sr_sinkhorn(u, group["iters"], group["eps"]).to(params[0].dtype).mul_(lr)
         if wd != 0:
             torch._foreach_mul_(params, decay)
         torch._foreach_sub_(params, list(x.unbind(0)))
 
     def _addresses(self, params: list[torch.Tensor]) -> torch.Tensor:
         """The int64 addresses of a shape group's matrices on their device, for the SR-Sinkhorn kernels'
-        step (train/sinkhorn_kernels.py `sinkhorn_step_`): made once per group (the first, eager, update;
+        step (ops/sinkhorn/ `sinkhorn_step_`): made once per group (the first, eager, update;
         a captured one finds it), again only if a matrix moved."""
         key = tuple(p.data_ptr() for p in params)
         table = self._address_tables.get(key)
@@ -279,7 +211,7 @@ class NesterovSinkhorn(torch.optim.Optimizer):
         u = torch.stack(grads).mul_(1 - beta).add_(torch.stack(bufs), alpha=beta)  # [N, rows of this rank, n]
         mesh, (n, m, k) = params[0].device_mesh, (len(params), *params[0].shape)
         whole = DTensor.from_local(u, mesh, [Shard(1)], shape=(n, m, k), stride=(m * k, k, 1)).full_tensor()
-        x = sr_sinkhorn(whole, group["iters"], group["eps"]).to(params[0].dtype)
+        x = sinkhorn.sr_sinkhorn(whole, group["iters"], group["eps"]).to(params[0].dtype)
         mine = distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None).to_local()  # a slice: no communication
         local = [p.to_local() for p in params]
         if wd != 0:

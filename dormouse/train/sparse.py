@@ -25,7 +25,7 @@ O(L log L) for L lookups), and only those rows of W, m, v, s are gathered, updat
 (`index_copy_` with distinct sorted indices: deterministic); a row whose summed gradient is exactly zero
 is written back unchanged (`torch.where`), not dropped: dropping it would make the host wait for the GPU
 to count such rows, and on the H200 the GPU sat idle while the host ran this step. On CUDA with fp32
-moments one Triton pass reads and writes those rows of m, v and W (train/row_adam_kernels.py; the counts
+moments one Triton pass reads and writes those rows of m, v and W (ops/row_adam/; the counts
 and the float64 bias corrections stay torch's ops on the [k] rows). Nothing of
 size R is touched after the first step; the first step allocates the state (m, v in the parameter's
 dtype promoted to fp32 at least, s int64: 2·R·D floats + R ints, once). A dense gradient is accepted
@@ -38,14 +38,12 @@ moves every state tensor to the parameter's device. Like torch's, the state dict
 share tensors with their source: serialise before stepping again.
 """
 
-import contextlib
-
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from dormouse import ledger
-from dormouse.model import fused_or_plain
+from dormouse.ops import row_adam, row_sum
+from dormouse.ops.row_adam.reference import distinct_rows_write
 
 
 def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,19 +63,6 @@ def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
         raise ValueError(f"SparseRowAdam takes a dense or sparse COO gradient, got layout {grad.layout}")
     idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # O(table): reads every entry
     return idx, grad.index_select(0, idx), torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
-
-
-@contextlib.contextmanager
-def _distinct_rows_write():
-    """Deterministic mode off around `index_copy_` into distinct rows: each row is written once, so any
-    order gives the same bits, but deterministic mode would still sort the indices first (torch's
-    index_put_ path), ~0.4 ms of host time a call on an H200 while the GPU waits."""
-    on, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(on, warn_only=warn_only)
 
 
 class SparseRowAdam(torch.optim.Optimizer):
@@ -155,7 +140,7 @@ class SparseRowAdam(torch.optim.Optimizer):
                 # Every row of idx is gathered and written back; a row with a zero gradient (keep False)
                 # gets its old count, moments and weight again, bit for bit.
                 s = s_all.index_select(0, idx) + keep
-                with _distinct_rows_write():  # idx: coalesced, so distinct
+                with distinct_rows_write():  # idx: coalesced, so distinct
                     s_all.index_copy_(0, idx, s)
                 self._rows_updated.append(keep.sum())
                 # lr 0: the moments and counts move as in Adam; the weights stay bit-identical. Else the
@@ -166,27 +151,7 @@ class SparseRowAdam(torch.optim.Optimizer):
                     sf = s.clamp(min=1).to(torch.float64)
                     step_size = (lr / (1 - torch.pow(beta1, sf))).to(m_all.dtype)
                     bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, sf)).to(m_all.dtype)
-                if (
-                    fused_or_plain.on_kernel_device(p) and m_all.dtype == torch.float32
-                ):  # one pass over the rows (row_adam_kernels.py)
-                    table_kernels(p.device, "row_adam_kernels").row_adam_(
-                        idx, g.contiguous(), keep, step_size, bc2_sqrt, m_all, v_all, p, (beta1, beta2), eps
-                    )
-                    continue
-                k = keep.unsqueeze(1)
-                m_old, v_old = m_all.index_select(0, idx), v_all.index_select(0, idx)
-                m = torch.where(k, m_old.mul(beta1).add_(g, alpha=1 - beta1), m_old)
-                v = torch.where(k, v_old.mul(beta2).addcmul_(g, g, value=1 - beta2), v_old)
-                with _distinct_rows_write():
-                    m_all.index_copy_(0, idx, m)
-                    v_all.index_copy_(0, idx, v)
-                if step_size is None:
-                    continue
-                denom = v.sqrt().div_(bc2_sqrt.unsqueeze(1)).add_(eps)
-                w = p.index_select(0, idx).to(m.dtype)
-                with _distinct_rows_write():
-                    update = w - step_size.unsqueeze(1) * (m / denom)
-                    p.index_copy_(0, idx, torch.where(k, update, w).to(p.dtype))
+                row_adam.row_adam_(idx, g, keep, step_size, bc2_sqrt, m_all, v_all, p, (beta1, beta2), eps)
         return loss
 
     @property
@@ -231,24 +196,6 @@ class SparseRowAdam(torch.optim.Optimizer):
                 self.state[p] = {k: v.to(device=p.device) for k, v in saved[i].items()}
 
 
-ROW_SUM_KERNELS_UNAVAILABLE = ledger.register(
-    "sparse.row_sum_kernels_unavailable",
-    ledger.Kind.LOUD,
-    "a table gradient coalesced on CUDA by a RowPlan (a --cuda-graph step), or SparseRowAdam's fp32 step on "
-    "CUDA, runs dormouse's Triton kernels (train/row_sum_kernels.py, train/row_adam_kernels.py), and they are "
-    "not importable (no Triton)",
-    __name__,
-)
-
-
-def table_kernels(device: torch.device, module: str = "row_sum_kernels"):
-    """dormouse's Triton kernels for the tables on `device` (CUDA): train/<module>.py, the row sums' or
-    "row_adam_kernels"; refused at `sparse.row_sum_kernels_unavailable` where Triton is not importable."""
-    found = fused_or_plain.own_kernels(f"dormouse.train.{module}")
-    what = f"the engram tables' gradient and update on {device}"
-    return fused_or_plain.required(found, ROW_SUM_KERNELS_UNAVAILABLE, what)
-
-
 class RowPlan:
     """How to coalesce a table's gradient when its row indices are known before the gradient is: the
     indices sorted (stable), where each distinct row starts among them, and how many distinct rows.
@@ -284,14 +231,10 @@ class RowPlan:
     def coalesce(self, values: torch.Tensor, num_rows: int) -> torch.Tensor:
         """The coalesced sparse gradient [num_rows, D] of `values` [N, D], one gradient row per index of
         the plan's rows in their order (nn.Embedding(sparse=True)'s uncoalesced values). On CUDA the sums
-        run dormouse's Triton kernel (train/row_sum_kernels.py: torch's coalesce's additions and bits)."""
+        run dormouse's Triton kernel (ops/row_sum/: torch's coalesce's additions and bits)."""
         k = self.count
         bounds = torch.nonzero_static(self.starts, size=k + 1, fill_value=self.starts.shape[0]).squeeze(1)
-        if fused_or_plain.on_kernel_device(values):
-            summed = table_kernels(values.device).row_sums(values, self.order, bounds)
-        else:
-            segment = torch.cumsum(self.starts, 0) - 1  # each sorted position's distinct row
-            summed = values.new_zeros((k, values.shape[1])).index_add_(0, segment, values.index_select(0, self.order))
+        summed = row_sum.row_sums(values, self.order, bounds, self.starts)
         rows = self.sorted.index_select(0, bounds[:k])
         # Unchecked: the rows are distinct and sorted by construction, and a check syncs the host.
         with torch.sparse.check_sparse_tensor_invariants(enable=False):

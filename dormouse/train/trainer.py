@@ -28,8 +28,10 @@ from dormouse import checkpoint, runs
 from dormouse.config import Config, layer_mixers
 from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
-from dormouse.model import fla_kernels, fla_pin, precision
+from dormouse.model import precision
 from dormouse.model.model import DormouseLM
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.parallel.parallelize import parallelize
 from dormouse.parallel.world import World
 from dormouse.train.checkpointer import Checkpointer

@@ -25,9 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
 
 from dormouse.config import ModelConfig  # noqa: E402
-from dormouse.model import fla_pin, precision  # noqa: E402
-from dormouse.model.kda import fla_options, kda, kda_recurrent  # noqa: E402
-from dormouse.tools.bench import fla_version  # noqa: E402
+from dormouse.model import precision
+from dormouse.ops.fla import pin as fla_pin  # noqa: E402
+from dormouse.ops.kda import kda  # noqa: E402
+from dormouse.ops.kda.fla import fla_options  # noqa: E402
+from dormouse.ops.kda.reference import kda_recurrent  # noqa: E402
+from dormouse.tools.bench.device import fla_version  # noqa: E402
 from dormouse.tools.kda_op import forward_backward, make_inputs  # noqa: E402
 
 SHAPE = (10, 512, 8, 64)  # B, T, H, K (= V): the `small` preset's KDA at batch 10

@@ -1,4 +1,4 @@
-"""The fused short conv (dormouse's Triton kernels, model/short_conv_kernels.py) on CUDA; skipped without
+"""The fused short conv (dormouse's Triton kernels, ops/short_conv/triton.py) on CUDA; skipped without
 CUDA or Triton.
 
 The kernels against float64 on the same inputs: fp32 output and gradients to 1e-5 relative
@@ -17,9 +17,11 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from dormouse.model import short_conv  # noqa: E402
+from dormouse.model.short_conv import ShortConv, set_conv_backend  # noqa: E402
+from dormouse.ops import short_conv  # noqa: E402
+from dormouse.ops.short_conv import fused as conv_fused  # noqa: E402
 
-kernels, why = short_conv.fused_kernels()
+kernels, why = conv_fused.fused_kernels()
 if kernels is None:
     pytest.skip(f"needs Triton (extra `gpu`): {why}", allow_module_level=True)
 
@@ -99,7 +101,7 @@ def test_packed_kernels_normalising_q_and_k_against_float64(shape, head, dtype):
 
 
 def test_packed_backward_takes_fp32_and_bf16_gradients_in_one_call():
-    # q's and k's gradients in fp32 (fla's, through the sinks: model/kda_fla.py), v's in bf16 on a bf16
+    # q's and k's gradients in fp32 (fla's, through the sinks: ops/kda/fla.py), v's in bf16 on a bf16
     # projection: one launch per run of one dtype. Against float64 of the same gradients, and the bf16
     # tolerances; the fp32 gradients are read as given (rounding them to bf16 first gives other bits).
     B, T, C, head = 64, 256, 512, 64
@@ -134,14 +136,14 @@ def test_packed_convs_fused_against_the_plain_path(norm):
     drest = torch.randn(B, T, 40, generator=gen).to(torch.bfloat16).cuda()
     results = []
     for backend in ("fused", "plain"):
-        convs = tuple(short_conv.ShortConv(C, 4).cuda() for _ in range(3))
+        convs = tuple(ShortConv(C, 4).cuda() for _ in range(3))
         for i, conv in enumerate(convs):
             with torch.no_grad():
                 conv.weight.copy_(0.5 * torch.randn(conv.weight.shape, generator=rng.generator(0, i, "test")))
-        short_conv.set_conv_backend(torch.nn.ModuleList(convs), backend)
+        set_conv_backend(torch.nn.ModuleList(convs), backend)
         h = h0.clone().requires_grad_()
         counters.CONV.reset()
-        *outs, rest = short_conv.convolve_packed(h, convs, (40,), norm=norm, head=64)
+        *outs, rest = short_conv.convolve_packed(h, tuple(c.weight for c in convs), backend, (40,), norm=norm, head=64)
         assert counters.CONV.fused == (3 if backend == "fused" else 0)
         loss = sum((o.float() * dy.float()).sum() for o, dy in zip(outs, dys, strict=True))
         (loss + (rest.float() * drest.float()).sum()).backward()

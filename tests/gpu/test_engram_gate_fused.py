@@ -1,4 +1,4 @@
-"""The engram gate's kernels (model/engram_gate_kernels.py, through model/engram_gate.py) against float64
+"""The engram gate's kernels (ops/engram_gate/triton.py, through ops/engram_gate/) against float64
 on CUDA; skipped without CUDA/Triton.
 
 The kernels compute the gate and its gradients in fp32 from the inputs and round once at each output:
@@ -14,19 +14,20 @@ import torch
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-from dormouse.model import engram_gate  # noqa: E402
+from dormouse.ops import engram_gate  # noqa: E402
+from dormouse.ops.engram_gate import fused as gate_fused  # noqa: E402
 
-if engram_gate.fused_kernels()[0] is None:
-    pytest.skip(f"needs Triton (extra `gpu`): {engram_gate.fused_kernels()[1]}", allow_module_level=True)
+if gate_fused.fused_kernels()[0] is None:
+    pytest.skip(f"needs Triton (extra `gpu`): {gate_fused.fused_kernels()[1]}", allow_module_level=True)
 
 from float64_references import gate_grads  # noqa: E402 (tests/float64_references.py)
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build  # noqa: E402
-from dormouse.model import projections  # noqa: E402
 from dormouse.model.init import linear, normal_init_  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.model.norm import RMSNorm  # noqa: E402
+from dormouse.ops import projections  # noqa: E402
 from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-8}
@@ -61,7 +62,7 @@ def test_the_kernels_against_float64(dtype, shape):
     *bt, d = shape
     h, vk, g = inputs(bt, d, dtype)
     w_h, w_k = (w.requires_grad_() for w in gains(d))
-    out = engram_gate._gate_packed(h, vk, w_h, w_k, EPS, EPS)
+    out = gate_fused._gate_packed(h, vk, w_h, w_k, EPS, EPS)
     got = torch.autograd.grad(out, [h, vk, w_h, w_k], g)
     ref_out, want = reference(h, vk, w_h, w_k, g)
     assert out.dtype == got[1].dtype == dtype and got[0].dtype == got[2].dtype == torch.float32

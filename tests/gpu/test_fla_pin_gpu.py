@@ -12,7 +12,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 # fla through dormouse, never directly (see test_graphed_step.py).
-from dormouse.model import fla_kernels, fla_pin  # noqa: E402
+from dormouse.ops.fla import kernels as fla_kernels  # noqa: E402
+from dormouse.ops.fla import pin as fla_pin  # noqa: E402
 
 if fla_kernels.chunk_kda()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.chunk_kda()[1]}", allow_module_level=True)

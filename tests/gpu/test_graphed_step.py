@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 # fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import, and a
 # direct import before them left every kernel to Triton's timing (minutes of autotuning, other kernels).
-from dormouse.model import fla_kernels  # noqa: E402
+from dormouse.ops.fla import kernels as fla_kernels  # noqa: E402
 
 if fla_kernels.chunk_kda()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.chunk_kda()[1]}", allow_module_level=True)

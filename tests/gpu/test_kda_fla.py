@@ -20,15 +20,15 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 # fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import, and a
 # direct import before them left every kernel to Triton's timing (minutes of autotuning, other kernels).
-from dormouse.model import fla_kernels  # noqa: E402
+from dormouse.ops.fla import kernels as fla_kernels  # noqa: E402
 
 if fla_kernels.chunk_kda()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.chunk_kda()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.model import precision  # noqa: E402
-from dormouse.model.kda_fla import chunk_kda_sunk  # noqa: E402
 from dormouse.model.kda_layer import KDALayer  # noqa: E402
+from dormouse.ops.kda.fla import chunk_kda_sunk  # noqa: E402
 
 GATE = Path(__file__).resolve().parent / "kda_fla_gate.py"
 _spec = importlib.util.spec_from_file_location("kda_fla_gate", GATE)
@@ -116,7 +116,7 @@ def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
 
 
 def test_the_sunk_function_is_fla_s_chunk_kda_with_dq_and_dk_unrounded():
-    # kda_fla's Function runs fla's own forward and backward: against fla's chunk_kda with the same options
+    # ops/kda/fla.py's Function runs fla's own forward and backward: against fla's chunk_kda with the same options
     # (the norm not in the kernel: the conv's), the output and v's, g's, beta's, A_log's and dt_bias's
     # gradients bit for bit; q's and k's come in fp32 through the sinks, fla's rounded to bf16 of them.
     fn = fla_kernels.chunk_kda()[0]

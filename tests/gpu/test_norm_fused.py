@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 # fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import, and a
 # direct import before them left every kernel to Triton's timing (minutes of autotuning, other kernels).
-from dormouse.model import fla_kernels  # noqa: E402
+from dormouse.ops.fla import kernels as fla_kernels  # noqa: E402
 
 if fla_kernels.rms_norm()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.rms_norm()[1]}", allow_module_level=True)
@@ -193,9 +193,9 @@ def test_the_fused_gated_norm_against_float64(dtype, shape):
 
 @pytest.mark.parametrize("shape", [(64 * 512, 512), (37, 96)], ids=["small-b64", "ragged"])
 def test_the_add_norm_backward_kernel_against_fla_s_with_dres(shape):
-    # dormouse's kernel (model/norm_kernels.py) computes what fla's layer_norm_bwd does with a residual
+    # dormouse's kernel (ops/norm/triton.py) computes what fla's layer_norm_bwd does with a residual
     # gradient: the same formula, other reduction orders (the row sums; dw's parts).
-    from dormouse.model.norm import add_norm_kernels
+    from dormouse.ops.norm.fla import add_norm_kernels
 
     gen = rng.generator(0, 4, "test")
     normed = (3 * torch.randn(*shape, generator=gen)).cuda()

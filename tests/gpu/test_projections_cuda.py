@@ -1,4 +1,4 @@
-"""The bf16 matmul of model/projections.py on CUDA (`_Bf16Linear`, under bf16 autocast) against autocast's
+"""The bf16 matmul of ops/projections.py on CUDA (`_Bf16Linear`, under bf16 autocast) against autocast's
 own Linear: the output and the input's gradient bit for bit; the weights' gradient, now written in fp32
 by the matmul, closer to the fp64 gradient than autocast's bf16-rounded one and within one bf16 rounding
 of it. Skipped without CUDA."""
@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 from dormouse import rng  # noqa: E402
 from dormouse.model.init import linear, normal_init_  # noqa: E402
-from dormouse.model.projections import affine_of, linear_of, packed, shared_casts  # noqa: E402
+from dormouse.ops.projections import affine_of, linear_of, packed, shared_casts  # noqa: E402
 
 
 def case(widths, d=512, tokens=(4, 256)):

@@ -1,6 +1,6 @@
 """RowPlan on CUDA (dormouse/train/sparse.py): a table gradient coalesced by a plan made ahead equals
 torch's `coalesce` bit for bit (so a --cuda-graph step's tables learn as the eager step's), and coalescing
-with it makes no host sync. SparseRowAdam's row kernel (train/row_adam_kernels.py) against the torch
+with it makes no host sync. SparseRowAdam's row kernel (ops/row_adam/triton.py) against the torch
 path in float64. Skipped without CUDA; the CPU's arithmetic: tests/test_sparse.py."""
 
 import pytest

@@ -1,5 +1,5 @@
-"""dormouse's SR-Sinkhorn Triton kernels (train/sinkhorn_kernels.py) against torch's form in fp64, and
-NesterovSinkhorn's momentum kernel (train/momentum_kernels.py) against its formulas; skipped without CUDA.
+"""dormouse's SR-Sinkhorn Triton kernels (ops/sinkhorn/triton.py) against torch's form in fp64, and
+NesterovSinkhorn's momentum kernel (ops/momentum/triton.py) against its formulas; skipped without CUDA.
 
 The kernels keep the matrix as diag(r)·U·diag(c) and round in other places than torch's successive
 rescalings, summing the same squares in another order, so they are held to fp32's own error: within 4e-6
@@ -17,10 +17,12 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from dormouse.ledger import FallbackRefused  # noqa: E402
+from dormouse.ops import momentum, sinkhorn  # noqa: E402
+from dormouse.ops.sinkhorn import reference as sinkhorn_reference  # noqa: E402
 from dormouse.train import optim  # noqa: E402
 
 try:
-    kernels = optim.sinkhorn_kernels(torch.device("cuda"))
+    kernels = sinkhorn.kernels(torch.device("cuda"))
 except FallbackRefused as err:
     pytest.skip(f"needs Triton: {err}", allow_module_level=True)
 
@@ -41,34 +43,34 @@ def stack(*shape, seed=0):
 )
 def test_kernels_match_fp64_torch_to_fp32_error(shape):
     u = stack(*shape)
-    want = optim.sr_sinkhorn_torch(u, 5, 1e-12)
-    got = optim.sr_sinkhorn(u.float().cuda(), 5)
-    torch_fp32 = optim.sr_sinkhorn_torch(u.float().cuda(), 5, 1e-12)
+    want = sinkhorn_reference.sr_sinkhorn(u, 5, 1e-12)
+    got = sinkhorn.sr_sinkhorn(u.float().cuda(), 5)
+    torch_fp32 = sinkhorn_reference.sr_sinkhorn(u.float().cuda(), 5, 1e-12)
     assert (got.double().cpu() - want).abs().max().item() <= FP32_ERROR
     assert (torch_fp32.double().cpu() - want).abs().max().item() <= FP32_ERROR
     assert (got[0, 3:4] == 0).all() and (got[-1, :, 5:6] == 0).all() and torch.isfinite(got).all()
-    assert torch.equal(got, optim.sr_sinkhorn(u.float().cuda(), 5))  # the same bits from call to call
+    assert torch.equal(got, sinkhorn.sr_sinkhorn(u.float().cuda(), 5))  # the same bits from call to call
 
 
 def test_rows_wider_than_a_block_loop(monkeypatch):
     monkeypatch.setattr(kernels, "ROW_BLOCK", 64)
     monkeypatch.setattr(kernels, "PARTS_AT_ONCE", 2)
     u = stack(2, 500, 300, seed=1)
-    got = optim.sr_sinkhorn(u.float().cuda(), 5)
-    assert (got.double().cpu() - optim.sr_sinkhorn_torch(u, 5, 1e-12)).abs().max().item() <= FP32_ERROR
+    got = sinkhorn.sr_sinkhorn(u.float().cuda(), 5)
+    assert (got.double().cpu() - sinkhorn_reference.sr_sinkhorn(u, 5, 1e-12)).abs().max().item() <= FP32_ERROR
 
 
 def test_a_matrix_runs_as_a_stack_of_one_and_fp64_stays_torch():
     u = stack(1, 96, 80, seed=2)
-    matrix = optim.sr_sinkhorn(u[0].float().cuda(), 5)
-    assert matrix.shape == (96, 80) and torch.equal(matrix, optim.sr_sinkhorn(u.float().cuda(), 5)[0])
-    fp64 = optim.sr_sinkhorn(u.cuda(), 5)
-    assert fp64.dtype == torch.float64 and torch.equal(fp64, optim.sr_sinkhorn_torch(u.cuda(), 5, 1e-12))
+    matrix = sinkhorn.sr_sinkhorn(u[0].float().cuda(), 5)
+    assert matrix.shape == (96, 80) and torch.equal(matrix, sinkhorn.sr_sinkhorn(u.float().cuda(), 5)[0])
+    fp64 = sinkhorn.sr_sinkhorn(u.cuda(), 5)
+    assert fp64.dtype == torch.float64 and torch.equal(fp64, sinkhorn_reference.sr_sinkhorn(u.cuda(), 5, 1e-12))
 
 
 @pytest.mark.parametrize("skip", [None, False, True], ids=["no-found-inf", "run", "skipped"])
 def test_momentum_kernel_matches_fp64_and_a_skipped_step_keeps_m_bit_for_bit(skip):
-    # train/momentum_kernels.py through optim.momentum_lookahead_: M and U within fp32's error of the fp64
+    # ops/momentum/triton.py through momentum.momentum_lookahead_: M and U within fp32's error of the fp64
     # formulas (entries of RMS ~1); a skipped step (found_inf 1, a NaN in G) leaves M bit for bit.
     gen = torch.Generator().manual_seed(3)
     g, m = (torch.randn(3, 1536, 512, generator=gen, dtype=torch.float64) for _ in range(2))
@@ -77,7 +79,7 @@ def test_momentum_kernel_matches_fp64_and_a_skipped_step_keeps_m_bit_for_bit(ski
     if skip:
         g32[0, 0, 0] = float("nan")
     before = m32.clone()
-    u = optim.momentum_lookahead_(g32, m32, 0.95, found_inf)
+    u = momentum.momentum_lookahead_(g32, m32, 0.95, found_inf)
     kept, g_ref = (1.0, torch.zeros_like(g)) if skip else (0.95, g)
     m_ref = kept * m + 0.05 * g_ref
     assert (m32.double().cpu() - m_ref).abs().max().item() <= FP32_ERROR

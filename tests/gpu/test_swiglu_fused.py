@@ -1,4 +1,4 @@
-"""dormouse's SwiGLU kernels (model/swiglu_kernels.py, through model/swiglu.py) against float64 on CUDA, and
+"""dormouse's SwiGLU kernels (ops/swiglu/triton.py, through ops/swiglu/) against float64 on CUDA, and
 against fla's SwiGLU kernels, bit for bit; skipped without CUDA/Triton.
 
 The kernels compute `silu(gate) * up` and both gradients in fp32 from the inputs and round once to the
@@ -13,17 +13,18 @@ import torch
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-from dormouse.model import swiglu  # noqa: E402
+from dormouse.ops.swiglu import fused as swiglu  # noqa: E402
+from dormouse.ops.swiglu import reference as swiglu_reference  # noqa: E402
 
 if swiglu.fused_kernels()[0] is None:
     pytest.skip(f"needs Triton (extra `gpu`): {swiglu.fused_kernels()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build  # noqa: E402
+from dormouse.model.model import DormouseLM  # noqa: E402
 
 # fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import.
-from dormouse.model import fla_kernels  # noqa: E402
-from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.ops.fla import kernels as fla_kernels  # noqa: E402
 from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8}
@@ -57,7 +58,7 @@ def test_fused_packed_against_float64(dtype, shape):
     assert rel(dh, ref_dh) <= TOL[dtype]
     if dtype == torch.bfloat16:  # torch's path, the SiLU rounded to bf16 before the product
         hp = h.detach().clone().requires_grad_()
-        plain = swiglu.plain(*hp.chunk(2, dim=-1))
+        plain = swiglu_reference.swiglu(*hp.chunk(2, dim=-1))
         (dh_plain,) = torch.autograd.grad(plain, hp, g)
         assert rel(out, ref_out) <= rel(plain, ref_out) and rel(dh, ref_dh) <= rel(dh_plain, ref_dh)
 

@@ -26,10 +26,11 @@ from torch import nn
 from dormouse import rng
 from dormouse.config import Config, ModelConfig
 from dormouse.errors import ConfigError
-from dormouse.model import fla_kernels, precision
+from dormouse.model import precision
 from dormouse.model.attention import CausalSelfAttention
 from dormouse.model.ffn import SwiGLU
 from dormouse.model.init import normal_init_
+from dormouse.ops.fla import kernels as fla_kernels
 
 VOCAB = 256
 ROW_NAMES = {"gpt": "gpt-sdpa", "fla-kda": "fla-kda"}  # --model / --baselines name -> the row's model column

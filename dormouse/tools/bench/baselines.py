@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from dormouse.model import fla_pin
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.tools.bench.baseline_models import ROW_NAMES, baseline_step, n_layers
 from dormouse.tools.bench.device import device_slug, peak_memory
 from dormouse.tools.bench.flops import count_baseline_flops

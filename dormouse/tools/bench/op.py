@@ -13,7 +13,8 @@ import torch
 from dormouse import counters
 from dormouse.config import Config
 from dormouse.errors import ConfigError
-from dormouse.model import fla_pin, precision
+from dormouse.model import precision
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.tools.bench.device import (
     device_name,
     device_slug,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from dormouse import counters, ledger
-from dormouse.model import fla_pin
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.tools.bench.device import device_slug, peak_memory
 from dormouse.tools.bench.flops import count_flops
 from dormouse.tools.bench.profiling import profile_steps

@@ -24,7 +24,7 @@ error (tests/gpu/test_sinkhorn_kernels.py). fp32 only: fp64, the reference preci
 torch's. Blocks are fixed: no autotuning, the same kernels in every process, the same bits every call.
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
-interpreter): `optim.sinkhorn_kernels()` looks it up.
+interpreter): `ops.sinkhorn.kernels()` looks it up.
 """
 
 import math

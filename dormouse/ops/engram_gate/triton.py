@@ -1,4 +1,4 @@
-"""dormouse's own Triton kernels for the engram gate's fused path (model/engram_gate.py): one each way.
+"""dormouse's own Triton kernels for the engram gate's fused path (ops/engram_gate/): one each way.
 
 The gate of a row, with RMSNorm's x̂ = x·rstd, rstd = 1/sqrt(mean(x²) + eps) and gains w_h, w_k:
 

@@ -1,5 +1,5 @@
 """fla's Triton kernels, imported in one place, after their kernel configurations are pinned
-(model/fla_pin.py: `pin_note` sets the files fla reads before fla's first import, and every fla autotuner
+(ops/fla/pin.py: `pin_note` sets the files fla reads before fla's first import, and every fla autotuner
 is made to read them). Each accessor returns the kernel, or None and why it could not be imported; fla's
 re-exporting packages are registered as shells, so only the modules used are imported (`shell_packages`).
 """
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from dormouse.model.fla_pin import pin_note, pin_plain_autotuners
+from dormouse.ops.fla.pin import pin_note, pin_plain_autotuners
 
 # fla's packages whose __init__ only re-exports: `fla` imports every layer and model (fla.layers,
 # fla.models), `fla.ops` every op, `fla.modules` every module. Their submodules import what they use by
@@ -83,7 +83,7 @@ def chunk_kda() -> tuple[Callable | None, str]:
 
 
 class ChunkKDAParts(NamedTuple):
-    """fla's forward and backward behind `chunk_kda` and the beta sigmoid's kernels (model/kda_fla.py)."""
+    """fla's forward and backward behind `chunk_kda` and the beta sigmoid's kernels (ops/kda/fla.py)."""
 
     fwd: Callable
     bwd: Callable
@@ -129,7 +129,7 @@ def rms_norm_gated() -> tuple[Callable | None, str]:
 @functools.cache
 def causal_conv1d() -> tuple[Callable | None, str]:
     """fla's causal depthwise conv over [B, T, D] (a Triton kernel with its own backward, activation fused),
-    or None and why not. The model runs dormouse's own conv kernels (model/short_conv_kernels.py);
+    or None and why not. The model runs dormouse's own conv kernels (ops/short_conv/triton.py);
     benches/conv_probe.py times this one beside them. Opaque to torch.compile (see `_opaque`)."""
     return _opaque(*_import("fla.modules.causal_conv1d", "causal_conv1d"))
 
@@ -137,7 +137,7 @@ def causal_conv1d() -> tuple[Callable | None, str]:
 @functools.cache
 def swiglu() -> tuple[object | None, str]:
     """fla's activation kernels module (`swiglu_fwd_kernel`, `swiglu_fwdbwd_kernel`, `prepare_input`), or None
-    and why not. The model runs dormouse's own SwiGLU kernels (model/swiglu_kernels.py, the same bits);
+    and why not. The model runs dormouse's own SwiGLU kernels (ops/swiglu/triton.py, the same bits);
     benches/swiglu_probe.py times these beside them."""
     return _import("fla.modules.activations.ops", "")
 

@@ -8,7 +8,7 @@ the same additions in the same order, so the same bits (tests/gpu/test_row_plan.
 deterministic mode gives other bits and takes 0.57 ms a step at B 64 on an H200.
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
-interpreter): `sparse.table_kernels()` looks it up.
+interpreter): `ops.row_sum.kernels()` looks it up.
 """
 
 import torch

@@ -1,11 +1,11 @@
 """fla's kernel configurations, pinned: which files of kernel choices fla reads on this card, set before
-fla is first imported (model/fla_kernels.py imports fla only after `pin_note`).
+fla is first imported (ops/fla/kernels.py imports fla only after `pin_note`).
 
 fla's kernels autotune: on first use of a shape, Triton times every candidate configuration and keeps
 the fastest. A choice made by a timing race can differ between runs and machines, and different block
 sizes sum in a different order, so losses would differ too. fla can read kernel choices from JSON
 files instead (fla/ops/utils/cache.py: `FLA_CONFIG_DIR`, `FLA_CACHE_MODE`); dormouse commits those
-files under `dormouse/model/fla_configs/<GPU>/` and points fla at them before fla is first imported.
+files under `dormouse/ops/fla/configs/<GPU>/` and points fla at them before fla is first imported.
 Which folder fla reads on a card is `kernel_source`'s choice: the card's pin, else a pin of a card of
 the same compute capability, else the card's user cache (~/.cache/dormouse/kernels/<GPU>/), where
 the choices Triton makes on that card are kept at exit (`store_new_choices`).
@@ -15,7 +15,7 @@ cache). fla's fuzzy mode keeps new shapes of a known kernel pinned (see `_apply`
 a path other than the pinned one, so `count_unpinned()` counts each such choice once on the ledger
 site `fla.unpinned` (shown on the eval line as `fallbacks=`). `dump_choices()` writes the choices a
 process made in fla's file format; with DORMOUSE_FLA_DUMP=<folder> set, every process that imports
-fla (through model/fla_kernels.py) writes them there at exit (benches/gpu_call.sh sets it).
+fla (through ops/fla/kernels.py) writes them there at exit (benches/gpu_call.sh sets it).
 """
 
 import atexit
@@ -43,7 +43,7 @@ BORROWED = ledger.register(
     "capability (choices timed on that card), merged into this card's user cache",
     __name__,
 )
-CONFIG_ROOT = Path(__file__).with_name("fla_configs")
+CONFIG_ROOT = Path(__file__).with_name("configs")
 # The compute capability of each committed pin's card (a folder of CONFIG_ROOT): a card without a pin of
 # its own borrows one of its capability (`kernel_source`). tests/test_fla_pin.py keeps this and the folders equal.
 PIN_CAPABILITY: dict[str, tuple[int, int]] = {"NVIDIA_H200": (9, 0)}

@@ -14,7 +14,7 @@ torch's in fp32, with IEEE square root and division; the compiler may fuse a pro
 rounding where torch's kernels round twice (within fp32's error: tests/gpu/test_row_plan.py).
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
-interpreter): `sparse.table_kernels()` looks it up. The block is fixed.
+interpreter): `ops.row_sum.kernels()` looks it up. The block is fixed.
 """
 
 import torch

@@ -9,7 +9,7 @@ the weight's gradient; the parts are summed in a fixed order afterwards (determi
 fla's: dx = (w·dy − x̂·mean(x̂·w·dy))·rstd + dres, dw = Σ dy·x̂.
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
-interpreter): `norm.add_norm_kernels()` looks it up. The block is fixed (no autotuning at a cold start; two
+interpreter): `ops.norm.fla.add_norm_kernels()` looks it up. The block is fixed (no autotuning at a cold start; two
 processes run the same kernel).
 """
 

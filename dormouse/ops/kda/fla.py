@@ -1,4 +1,5 @@
-"""The KDA layer's training path on fla's kernels, with q's and k's gradients handed back in fp32.
+"""KDA on fla's kernels: `chunk_kda` (`kda_fla`, the CUDA path of the op) and the KDA layer's training path,
+with q's and k's gradients handed back in fp32 (`chunk_kda_sunk`).
 
 fla's `chunk_kda` Function rounds its fp32 dq and dk to q's and k's dtype (bf16 under autocast) before
 it returns them (`dq.to(q)`): two [B, T, H, K] casts a layer application, ~0.4 ms a `small` step at
@@ -8,7 +9,7 @@ in either dtype. So `chunk_kda_sunk` runs fla's own forward and backward (`chunk
 `chunk_kda_bwd`: the kernels and options of `chunk_kda` with the decay gate and beta's sigmoid in the
 kernel, q and k normalised by the conv) inside a dormouse Function that returns dq and dk unrounded as
 the gradients of two fp32 *sinks*: zero-stride fp32 tensors shaped as q and k, which the conv's Function
-hands out beside them and reads the gradients of (`short_conv.convolve_packed(..., sinks=2)`). q and k
+hands out beside them and reads the gradients of (`ops.short_conv.convolve_packed(..., sinks=2)`). q and k
 themselves get no gradient. The output is `chunk_kda`'s bit for bit; the projection's gradient differs
 from the rounded path's by the rounding skipped (tests/gpu/test_kda_fla.py).
 """
@@ -17,14 +18,73 @@ from contextlib import nullcontext
 
 import torch
 
+from dormouse.config import SAFE_GATE_BOUNDS
 from dormouse.errors import DormouseError
-from dormouse.model import fla_kernels
+from dormouse.ops.fla import kernels as fla_kernels
+from dormouse.ops.kda.reference import check_shapes
 
 
-@torch.compiler.disable  # fla's autotuned Triton launches, called eagerly under torch.compile (fla_kernels._opaque)
+def kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, fla_options):
+    check_shapes(q, k, v, g, beta, initial_state)
+    chunk_kda, _ = fla_kernels.chunk_kda()
+    dtype = q.dtype
+    # fla wants q, k, v, beta in one dtype and an fp32 initial state; the log-decay g stays fp32 (fla's
+    # own tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated unless
+    # `fla_options` has fla apply them (`prep_in_kernel_options`); its in-kernel gate then reads g, the
+    # gate's raw input, in the projection's dtype as it is (KDALayer._mix).
+    return chunk_kda(
+        q,
+        k.to(dtype),
+        v.to(dtype),
+        g if fla_options.get("use_gate_in_kernel") else g.float(),
+        beta.to(dtype),
+        scale=scale,
+        initial_state=None if initial_state is None else initial_state.float(),
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+        **fla_options,
+    )
+
+
+def fla_options(*, safe_gate: bool = False, lower_bound: float | None = None, recompute: bool = True) -> dict:
+    """Keyword options of fla's chunk_kda: `safe_gate` (tensor-core intra-chunk kernels, for gates in
+    [lower_bound, 0): the layer's bounded gate), and `recompute` off (its backward keeps the forward's
+    intermediates: fla's `disable_recompute`). They choose among fla's kernels only; the chunked and
+    recurrent forms compute the exact function either way."""
+    options = {}
+    if safe_gate:
+        if lower_bound is None:
+            raise ValueError("fla's safe_gate needs the gate's lower bound (gate_lower_bound)")
+        if not SAFE_GATE_BOUNDS[0] <= lower_bound < SAFE_GATE_BOUNDS[1]:
+            raise ValueError(f"fla's safe_gate needs gate_lower_bound in [-5, 0); got {lower_bound}")
+        options |= {"safe_gate": True, "lower_bound": lower_bound}
+    if not recompute:
+        options["disable_recompute"] = True
+    return options
+
+
+def prep_in_kernel_options(
+    A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, qk_norm: bool = True
+) -> dict:
+    """fla's chunk_kda options that have it apply what the layer would: the L2 norm of q and k (unless
+    `qk_norm` is off: the fused short conv normalised them), the decay gate from its raw input
+    (lower_bound · sigmoid(exp(A_log) · (g + dt_bias)), or −exp(A_log) · softplus(g + dt_bias) without a
+    bound: the layer's `_decay`) and beta's sigmoid. Fewer kernels around each call; fla's kernels compute
+    them in fp32 (another rounding than torch's)."""
+    return {
+        "use_qk_l2norm_in_kernel": qk_norm,
+        "use_gate_in_kernel": True,
+        "use_beta_sigmoid_in_kernel": True,
+        "A_log": A_log,
+        "dt_bias": dt_bias,
+        "lower_bound": lower_bound,
+    }
+
+
+@torch.compiler.disable  # fla's autotuned Triton launches, eager under torch.compile (ops/fla/kernels.py `_opaque`)
 def chunk_kda_sunk(q, k, v, g, beta, A_log, dt_bias, q_sink, k_sink, *, chunk_size, options: dict, scale=None):
     """fla's chunk_kda of (q, k, v, g, beta) with `use_gate_in_kernel` and `use_beta_sigmoid_in_kernel` on
-    (g and beta raw, `A_log` and `dt_bias` the gate's) and `options` from `kda.fla_options`; q's and k's
+    (g and beta raw, `A_log` and `dt_bias` the gate's) and `options` from `fla_options`; q's and k's
     gradients go to `q_sink` and `k_sink` (module docstring), in fp32. Returns o [B, T, H, V]. `scale`
     None: 1 / sqrt(K), fla's default."""
     if chunk_size not in (32, 64):  # fla's chunk_kda checks it; its parts do not

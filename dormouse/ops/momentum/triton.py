@@ -10,7 +10,7 @@ product and sum in fp32; the compiler may fuse a product and a sum into one roun
 round twice (within fp32's error: tests/gpu/test_sinkhorn_kernels.py). The block is fixed.
 
 Imported only where Triton is (CUDA machines; the dev set-up, whose tests run it under Triton's
-interpreter): `optim.sinkhorn_kernels(device, "momentum_kernels")` looks it up.
+interpreter): `ops.sinkhorn.kernels(device, "dormouse.ops.momentum.triton")` looks it up.
 """
 
 import torch

@@ -9,7 +9,7 @@ model) it takes 48 us forward and 179 us backward; these kernels with one positi
 35 us and 69 us, with four 27 us and 58 us (docs/performance.md).
 
 The window is four taps; a narrower conv runs with zero weights in front (the same function). A wider
-one is refused by the caller (short_conv.check_fused_width). A conv of dilation D (the engram's) is D
+one is refused by the caller (ops/short_conv/ `is_fused`). A conv of dilation D (the engram's) is D
 undilated ones, each over the positions of one residue mod D: a program walks one residue's positions,
 D apart, so the same registers carry its taps. The weight's gradient is summed in fp32
 over per-program parts in a fixed order (deterministic) and returned in the weight's dtype.

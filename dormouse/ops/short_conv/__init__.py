@@ -1,0 +1,97 @@
+"""The short convolution, the op: causal, depthwise over time, then SiLU (the KDA layers' and the
+engram's, model/short_conv.py and model/engram.py).
+
+Two paths compute the same function: `plain` (reference.py: torch's depthwise F.conv1d, any device)
+and `fused` (fused.py over dormouse's Triton kernels, triton.py: CUDA only, at most 4 taps, SiLU inside,
+the pre-activation recomputed in the backward). `fused` works on the [B, T, C] layout the projections
+give, where torch's conv needs [B, C, T]. `--conv-backend` (auto, fused, plain) chooses through
+ops/registry.py (auto: fused on CUDA, plain elsewhere). A conv wider than the kernels' window is refused
+on the fused path (`is_fused`), never run another way.
+
+Under autograd the KDA layer convolves q, k and v as three slices of its one packed projection
+(`convolve_packed`): on the fused path one autograd Function runs the three in one kernel launch each way
+and writes their gradients, and the rest of the projection's, into one tensor shaped as the projection, so
+its backward needs no cat of six gradients. The launch also L2-normalises q and k over each head (fla's
+l2norm, which chunk_kda would otherwise run on them: the layer then tells fla not to), keeping each head's
+1 / norm for the backward.
+
+The fused path covers every forward that starts with no carried state: training, evaluation, a
+prompt's prefill. A decode step, which starts from the state, runs the plain path whatever the backend
+(as `KDALayer.step` runs the recurrent KDA whatever `kda_backend` says). Every call is counted in
+counters.CONV, so the eval line's `conv=<fused>/<calls>` says which path ran.
+"""
+
+import torch
+
+from dormouse import counters, ledger
+from dormouse.ops import registry
+from dormouse.ops.norm.reference import l2norm
+from dormouse.ops.short_conv import fused, reference
+
+MAX_FUSED_WIDTH = 4  # triton.TAPS (that module needs Triton to import)
+FUSED_UNAVAILABLE = ledger.register(
+    "conv.fused_unavailable",
+    ledger.Kind.LOUD,
+    "fused short conv asked for (or auto on CUDA), but dormouse's Triton conv kernels are not importable, the "
+    f"tensors are not on CUDA, or conv_size is over {MAX_FUSED_WIDTH}",
+    __name__,
+)
+# the kernels' accessor is a lambda, looked up per call: the tests stand in for what it calls
+NEEDS = "Triton (for dormouse/ops/short_conv/triton.py)"
+OP = registry.register(
+    registry.Op("conv", "--conv-backend", FUSED_UNAVAILABLE, lambda: fused.fused_kernels(), NEEDS, counters.CONV)
+)
+
+
+def is_fused(backend: str, device: torch.device, width: int) -> bool:
+    """Whether a call without carried state of a conv of `width` taps runs the fused path on `device`
+    (refused, through the ledger, where it cannot, or for more taps than the kernels' window)."""
+    chosen = registry.resolve("conv", backend, device) == "fused"
+    if chosen and width > MAX_FUSED_WIDTH:
+        raise ledger.refuse(
+            FUSED_UNAVAILABLE,
+            f"conv backend 'fused' takes conv_size <= {MAX_FUSED_WIDTH} (dormouse's Triton kernels), got {width}; "
+            "pass --conv-backend plain",
+        )
+    return chosen
+
+
+def short_conv(
+    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B,T,C], weight [C,1,size], state [B,size-1,C] (None: zeros) -> (SiLU(conv) [B,T,C], new state)."""
+    C, keep = x.shape[-1], weight.shape[-1] - 1
+    chosen = state is None and is_fused(backend, x.device, weight.shape[-1])
+    registry.record("conv", chosen)
+    if chosen:
+        return fused.fused_convs(x, (weight.view(C, -1),))[0], reference.conv_tail(x, keep)
+    return reference.short_conv(x, weight, state)
+
+
+def convolve_packed(
+    packed: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    backend: str,
+    rest: tuple[int, ...],
+    norm: int = 0,
+    head: int = 0,
+    sinks: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """Each conv of `weights` ([C, 1, size] each) on its slice of `packed` [B, T, N], in order from channel
+    0, from the sequence's start, the first `norm` outputs L2-normalised over each `head` channels (fla's
+    form, `l2norm`): (each conv's output, then the remaining N - n·C channels split by the widths `rest`,
+    as views of `packed`, then `sinks` gradient sinks of the first outputs: see `fused.fused_convs`, the
+    only path that has them). Each conv counts once in counters.CONV."""
+    C, n = weights[0].shape[0], len(weights)
+    if not is_fused(backend, packed.device, weights[0].shape[-1]):
+        if sinks:
+            raise ValueError("gradient sinks come with the fused conv kernels only (short_conv.is_fused)")
+        *parts, rest_parts = packed.split([C] * n + [packed.shape[-1] - n * C], dim=-1)
+        outs = [short_conv(part, weight, None, backend)[0] for weight, part in zip(weights, parts, strict=True)]
+        for i in range(norm):
+            outs[i] = l2norm(outs[i].unflatten(-1, (-1, head))).flatten(-2).to(outs[i].dtype)
+        return (*outs, *rest_parts.split(rest, dim=-1))
+    for _ in weights:
+        registry.record("conv", True)
+    flat = tuple(weight.view(C, -1) for weight in weights)
+    return fused.fused_convs(packed, flat, rest=rest, norm=norm, head=head, sinks=sinks)
