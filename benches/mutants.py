@@ -55,9 +55,9 @@ MUTANTS = (
     ),
     Mutant(
         "rng_global_torch",
-        "dormouse/train/trainer.py",
-        "            x, y, starts = self._batch(step)\n",
-        "            x, y, starts = self._batch(step)\n            torch.rand(1)\n",
+        "dormouse/train/step_runner.py",
+        "            x, y, starts = self.batch(step)\n",
+        "            x, y, starts = self.batch(step)\n            torch.rand(1)\n",
         (f"{TRAINER}::test_a_run_with_every_random_arm_draws_nothing_from_the_global_rngs",),
     ),
     Mutant(
