@@ -239,7 +239,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     history = _history(args)
     record_to = (history or Path(args.run) / RECORD_FILE) if args.record else None
-    with run_lock.held_for(record_to, "generate --record"):  # held from the start: a refusal loses no work
+    written = {Path(p).resolve().parent: p for p in (record_to, args.out) if p}  # one lock per run directory
+    with contextlib.ExitStack() as hold:  # held from the start: a refusal loses no work
+        for path in written.values():
+            hold.enter_context(run_lock.held_for(path, "generate"))
         return _generate(args, record_to)
 
 

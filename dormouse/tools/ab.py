@@ -33,6 +33,7 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
 """
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -266,10 +267,23 @@ def cli(args: argparse.Namespace) -> int:
     against one arm A, in one process, into OUT/b1 ... OUT/bN; b2 on reuse b1's arm A (or --reuse-a's);
     then their rows as ab_table's table, printed and in OUT/table.md."""
     out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
-    if out.exists() and any(out.iterdir()):
+    _check_empty(out)
+    created = not out.exists()
+    try:
+        with contextlib.ExitStack() as hold:
+            hold.enter_context(run_lock.held_for(args.history if args.record else None, "ab --record"))
+            out.mkdir(parents=True, exist_ok=True)
+            hold.enter_context(run_lock.held(out, "ab"))  # one A/B per folder: a second one is refused by name
+            _check_empty(out)  # another A/B may have written it between the check above and the lock
+            return _compare_each(args, out)
+    finally:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a refused A/B leaves no folder behind
+
+
+def _check_empty(out: Path) -> None:
+    if out.exists() and any(p.name != run_lock.LOCK for p in out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: an A/B writes into a new or empty folder")
-    with run_lock.held_for(args.history if args.record else None, "ab --record"):  # a run's TSV: from the start
-        return _compare_each(args, out)
 
 
 def _compare_each(args: argparse.Namespace, out: Path) -> int:

@@ -76,6 +76,7 @@ def writers(run: Path, corpus_root: Path, tmp: Path) -> dict[str, list[str]]:
     tiny = tiny_flags(corpus_root)
     return {
         "generate --record": ["generate", str(run), "--prompt", "a", "--max-bytes", "2", "--record"],
+        "generate --out": ["generate", str(run), "--prompt", "a", "--max-bytes", "2", "--out", str(run / "a.txt")],
         "inspect --plot": ["inspect", str(run), "--plot"],
         "bench --history": ["bench", *tiny, "--steps", "1", "--warmup", "1", "--history", history],
         "train --record --history": ["train", *tiny, "--steps", "1", "--out", str(tmp / "new"), "--record"]
@@ -87,7 +88,14 @@ def writers(run: Path, corpus_root: Path, tmp: Path) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize(
     "command",
-    ["generate --record", "inspect --plot", "bench --history", "train --record --history", "ab --record --history"],
+    [
+        "generate --record",
+        "generate --out",
+        "inspect --plot",
+        "bench --history",
+        "train --record --history",
+        "ab --record --history",
+    ],
 )
 def test_every_writer_of_a_held_run_is_refused_naming_the_holder(run, corpus, tmp_path, capsys, command):
     argv = writers(run, corpus.root, tmp_path)[command]
@@ -102,6 +110,20 @@ def test_every_writer_of_a_held_run_is_refused_naming_the_holder(run, corpus, tm
     )
     assert contents(run) == before  # nothing written, nothing removed
     assert not (tmp_path / "ab").exists()
+
+
+def test_a_second_ab_into_a_held_folder_is_refused_naming_the_holder(corpus, tmp_path, capsys):
+    out = tmp_path / "ab"
+    out.mkdir()
+    argv = ["ab", "--a", "", "--b", "--lr 0.01", "--seeds", "1", *tiny_flags(corpus.root), "--steps", "1"]
+    with run_lock.held(out, "ab"):
+        assert main([*argv, "--out", str(out)]) == 2
+        assert [p.name for p in out.iterdir()] == [run_lock.LOCK]
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {out} is being written by `dormouse ab` (pid {os.getpid()} on host {socket.gethostname()}): "
+        "one writer per run directory; wait for it to finish or stop it"
+    )
 
 
 def test_an_arm_run_is_held_while_ab_trains_it(corpus, tmp_path, monkeypatch, capsys):
