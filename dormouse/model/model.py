@@ -125,7 +125,6 @@ class DormouseLM(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(d, VOCAB, bias=False, device="meta").to_empty(device="cpu")
             normal_init_(self.lm_head.weight, gen)
-            self.lm_head._dormouse_route = "adamw_decay"  # the head is not a hidden matrix
         self.router = None  # drawn last, so the other weights do not depend on the arm
         if cfg.mor:
             self.router = MoRRouter(d, cfg.depth - 1, cfg.mor_capacity, generator=gen)
