@@ -12,8 +12,11 @@ Under autograd the KDA layer convolves q, k and v as three slices of its one pac
 (`convolve_packed`): on the fused path one autograd Function runs the three in one kernel launch each way
 and writes their gradients, and the rest of the projection's, into one tensor shaped as the projection, so
 its backward needs no cat of six gradients. The launch also L2-normalises q and k over each head (fla's
-l2norm, which chunk_kda would otherwise run on them: the layer then tells fla not to), keeping each head's
-1 / norm for the backward.
+l2norm, which chunk_kda would otherwise run on them: `Convolved.normed` says so, and the KDA op then
+tells fla not to), keeping each head's 1 / norm for the backward.
+
+The engram's conv (`dilated_short_conv`) spaces its taps `dilation` apart and takes its RMSNorm as a
+fused input: the norm of the new positions alone, then the kernel, on the fused path.
 
 The fused path covers every forward that starts with no carried state: training, evaluation, a
 prompt's prefill. A decode step, which starts from the state, runs the plain path whatever the backend
