@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dormouse import config
 from dormouse.model import dropout
 from dormouse.model.model import DormouseLM
-from dormouse.ops import projections, registry
+from dormouse.ops import passes, projections, registry
 from dormouse.ops.engram_gate import fused as engram_gate
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.norm import fla as norm
@@ -219,7 +219,7 @@ def inventory(preset: str, batch: int, seq_len: int, overrides: dict | None = No
     """The ops of one forward and backward of `preset` at [batch, seq_len] under bf16 autocast (CPU);
     `where`: each op's site too (Inventory)."""
     cfg = resolve(config.build(preset, {"train": {"device": "cpu"}, **(overrides or {})}))
-    model = DormouseLM(cfg.model, seed=0)
+    model = passes.schedule(DormouseLM(cfg.model, seed=0))
     ids = torch.randint(256, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
     mode = Inventory(where)
     with fla_standins(mode), mode, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):

@@ -164,6 +164,7 @@ def run_corpus(run: str | Path, data: str | Path | None) -> tuple[Corpus, str]:
 def load_model(run: str | Path, which: str = "best", device: str = "cpu"):
     """(model in eval mode, resolved config, checkpoint) from a verified checkpoint of `run`."""
     from dormouse.model.model import DormouseLM
+    from dormouse.ops import passes
 
     config = run_config_dict(run)
     cfg = Config.from_dict(config)
@@ -177,7 +178,7 @@ def load_model(run: str | Path, which: str = "best", device: str = "cpu"):
         cfg.train.dtype = "fp32"  # eval and decode run without autocast; the CPU has no bf16/tf32 path
     cfg = resolve(cfg, cuda_available=torch.cuda.is_available())
     precision.apply(cfg.train.dtype)
-    model = DormouseLM(cfg.model, seed=cfg.train.seed)
+    model = passes.schedule(DormouseLM(cfg.model, seed=cfg.train.seed))
     model.load_checkpoint_parts(ck.model_state, ck.tensors, ck.state["extra"])
     if cfg.train.ema_decay:  # the run scored its average: so do eval and decode
         load_average_(model, ck.tensors.get(EMA_FILE))

@@ -12,7 +12,6 @@ from backend_stand_in import force
 from conv_stand_in import StandInKernels  # tests/conv_stand_in.py
 
 from dormouse import counters, ledger, rng
-from dormouse.model import kda_layer
 from dormouse.model.kda_layer import KDA_PARAM_GROUPS, KDALayer
 from dormouse.model.norm import GatedRMSNorm
 from dormouse.ops import kda as kda_module
@@ -20,7 +19,7 @@ from dormouse.ops import registry
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.kda import kda
 from dormouse.ops.kda.chunked import _bounded_chunk, _decayed_scores, kda_chunked
-from dormouse.ops.kda.reference import kda_recurrent
+from dormouse.ops.kda.reference import decay, kda_recurrent
 from dormouse.ops.norm.reference import l2norm
 from dormouse.ops.short_conv import fused as conv_fused
 
@@ -355,7 +354,8 @@ def test_decay_gate_range(lower_bound):
     layer = make_layer(gate_lower_bound=lower_bound)
     with torch.no_grad():
         layer.f_b.weight.mul_(500)  # push the gate pre-activations far out on both sides
-        g = layer._decay(layer._gate_input(layer.f_a(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test")))))
+        f = layer._gate_input(layer.f_a(torch.randn(2, 50, 32, generator=rng.generator(0, 0, "test"))))
+        g = decay(f, layer.A_log, layer.dt_bias, lower_bound)
     assert g.dtype == torch.float32 and (g <= 0).all()
     if lower_bound is not None:
         assert (g >= lower_bound).all() and g.min() < 0.9 * lower_bound
@@ -427,7 +427,7 @@ def test_under_bf16_autocast_the_op_gets_bf16_q_k_v(monkeypatch):
     # CUDA's autocast runs l2norm's sum and rsqrt in fp32 (the CPU's does not: imitated below); q, k
     # would then reach fla in fp32 and it would run its fp32 kernels in a bf16 run.
     seen = {}
-    monkeypatch.setattr(kda_layer, "l2norm", lambda x: l2norm(x.float()))
+    monkeypatch.setattr(kda_module, "l2norm", lambda x: l2norm(x.float()))
 
     def spy(q, k, v, g, beta, **kw):
         seen.update(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype)

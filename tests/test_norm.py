@@ -10,6 +10,7 @@ from backend_stand_in import force
 from dormouse import config, counters, ledger
 from dormouse.model.model import DormouseLM
 from dormouse.model.norm import GatedRMSNorm, RMSNorm, set_norm_backend
+from dormouse.ops import passes
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.norm import fla as norm_fla
 from dormouse.resolve import resolve
@@ -166,7 +167,7 @@ def test_add_and_norm_fused_equals_the_add_then_the_norm(monkeypatch, flagged):
 
 
 def test_add_and_norm_for_the_head_writes_bf16_and_a_sum_nobody_reads_gets_no_gradient(monkeypatch):
-    # The final norm for the head (`for_matmul`, on an unflagged norm) writes autocast's dtype; the hidden
+    # The final norm for the head (`sum_feeds_one_matmul`: its add-and-norm only) writes autocast's dtype; the hidden
     # state it returns beside is not read, so its backward kernel gets no sum gradient (None, not a
     # tensor of zeros to fill and read), and the gradients equal the separate add and norm's.
     ops = stand_in_ops([])
@@ -185,10 +186,11 @@ def test_add_and_norm_for_the_head_writes_bf16_and_a_sum_nobody_reads_gets_no_gr
     results = []
     for together in (True, False):
         n = weighted_norm(torch.ones(8), False)
+        n.sum_feeds_one_matmul = True
         a, x = a0.clone().requires_grad_(), x0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if together:
-                h, _ = n.add_and_norm(a, x, for_matmul=True)
+                h, _ = n.add_and_norm(a, x)
                 assert h.dtype == torch.bfloat16
             else:
                 h = n(x + a).bfloat16()
@@ -210,10 +212,14 @@ def test_add_and_norm_plain_is_the_sum_then_the_norm_and_refuses_a_narrower_stre
         n.add_and_norm(x, a)
 
 
-def test_the_block_flags_the_norms_that_feed_one_matmul():
+def test_the_kernel_pass_flags_the_norms_that_feed_one_matmul():
     def flags(**model):
         cfg = resolve(config.build("nano", {"model": model}), cuda_available=False)
-        return {(l.mixer_norm.feeds_one_matmul, l.ffn_norm.feeds_one_matmul) for l in DormouseLM(cfg.model).layers}
+        built = DormouseLM(cfg.model)
+        assert not any(getattr(m, "feeds_one_matmul", False) for m in built.modules())  # the model sets none
+        layers = passes.schedule(built).layers
+        assert built.final_norm.sum_feeds_one_matmul and not built.final_norm.feeds_one_matmul
+        return {(l.mixer_norm.feeds_one_matmul, l.ffn_norm.feeds_one_matmul) for l in layers}
 
     assert flags() == {(True, True)}
     assert flags(n_experts=2) == {(True, False)}  # the experts accumulate in the input's dtype

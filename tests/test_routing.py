@@ -32,8 +32,7 @@ class Toy(nn.Module):
         self.hidden = nn.Linear(16, 32)
         self.norm = Gain(16)
         self.conv = nn.Conv1d(32, 32, 4, groups=32)  # depthwise: weight [32, 1, 4]
-        self.head = nn.Linear(16, 256, bias=False)
-        self.head._dormouse_route = "adamw_decay"  # the LM head, declared by its owner
+        self.lm_head = nn.Linear(16, 256, bias=False)  # the LM head, routed by its place (undeclared)
         self.tied_head = nn.Linear(16, 256, bias=False)
         self.tied_head.weight = self.emb.weight  # the same tensor under a second name
         self.table = nn.Embedding(64, 8)
@@ -50,7 +49,7 @@ DEFAULT = {
     "norm.weight": "adamw_no_decay",
     "conv.weight": "adamw_no_decay",
     "conv.bias": "adamw_no_decay",
-    "head.weight": "adamw_decay",
+    "lm_head.weight": "adamw_decay",
     "table.weight": "sparse",
 }
 
@@ -147,7 +146,7 @@ def test_module_declarations_survive_a_copy_parameter_ones_do_not():
     model.extra.weight._dormouse_route = "adamw_decay"
     got = table(route(copy.deepcopy(model)))
     assert got["scale"] == "adamw_no_decay"
-    assert got["head.weight"] == "adamw_decay" and got["table.weight"] == "sparse"
+    assert got["lm_head.weight"] == "adamw_decay" and got["table.weight"] == "sparse"
     assert got["extra.weight"] == "matrices"  # the parameter's declaration did not travel
 
 
@@ -243,3 +242,14 @@ def test_small_preset_with_dspark_and_jepa_routing_is_pinned():
     cfg = config.build("small", {"model": {"engram": True, "dspark_weight": 0.1, "jepa_weight": 0.1}})
     model = DormouseLM(resolve(cfg, cuda_available=False).model)
     assert table(route(model)) == SMALL | SMALL_AUX
+
+
+def test_the_model_s_untied_lm_head_routes_to_adamw_decay_undeclared():
+    # The head is an nn.Linear the model declares nothing on: routing places it by being the model's lm_head.
+    from dormouse import config
+    from dormouse.model.model import DormouseLM
+
+    cfg = config.build("nano", {"model": {"tie_embeddings": False}})
+    model = DormouseLM(resolve(cfg, cuda_available=False).model)
+    assert not hasattr(model.lm_head, "_dormouse_route")
+    assert table(route(model))["lm_head.weight"] == "adamw_decay"

@@ -15,13 +15,20 @@ from dormouse.model.engram import EngramConv
 from dormouse.model.model import DormouseLM
 from dormouse.model.short_conv import ShortConv, set_conv_backend
 from dormouse.ops import short_conv
+from dormouse.ops.norm.reference import l2norm
 from dormouse.ops.short_conv import fused as conv_fused
 from dormouse.resolve import resolve
 
 
-def convolve(h, convs, rest, **kw):
-    """`short_conv.convolve_packed` of the ShortConvs `convs` (their weights, their backend)."""
-    return short_conv.convolve_packed(h, tuple(c.weight for c in convs), convs[0].backend, rest, **kw)
+def convolve(h, convs, rest, norm=0, head=0, sinks=False):
+    """`short_conv.convolve_packed` of the ShortConvs `convs` (their weights, their backend) as one tuple:
+    the outputs, the first `norm` L2-normalised over heads (here, by torch, where the op left them), the
+    rest, the sinks."""
+    c = short_conv.convolve_packed(h, tuple(c.weight for c in convs), convs[0].backend, rest, norm, head, sinks)
+    outs = list(c.outs)
+    for i in range(0 if c.normed else norm):
+        outs[i] = l2norm(outs[i].unflatten(-1, (-1, head))).flatten(-2).to(outs[i].dtype)
+    return (*outs, *(c.sinks or ()))
 
 
 def loop_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -131,7 +138,7 @@ def test_gradients_given_to_the_sinks_reach_the_kernels_in_fp32_unrounded(fused)
     h = torch.randn(B, T, 3 * C + 2, generator=gen).bfloat16().requires_grad_()
     convs = tuple(make_conv(C, seed=s) for s in range(3))
     set_conv_backend(torch.nn.ModuleList(convs), "fused")
-    q, k, v, rest, q_sink, k_sink = convolve(h, convs, (2,), norm=2, head=2, sinks=2)
+    q, k, v, rest, q_sink, k_sink = convolve(h, convs, (2,), norm=2, head=2, sinks=True)
     assert q_sink.dtype == k_sink.dtype == torch.float32 and q_sink.shape == q.shape and q_sink.stride() == (0, 0, 0)
     assert not q_sink.any()
     dq, dk, dk_own = (torch.randn(B, T, C, generator=gen) for _ in range(3))
@@ -142,9 +149,9 @@ def test_gradients_given_to_the_sinks_reach_the_kernels_in_fp32_unrounded(fused)
     assert got_q.dtype == got_k.dtype == torch.float32 and got_v.dtype == torch.bfloat16
     assert torch.equal(got_q, dq) and torch.equal(got_k, dk + dk_own.bfloat16()) and torch.equal(got_v, dv)
     assert torch.equal(h.grad[..., 3 * C :], drest)
-    with pytest.raises(ValueError, match="sinks come with the fused conv kernels only"):
-        set_conv_backend(torch.nn.ModuleList(convs), "plain")
-        convolve(h, convs, (2,), norm=2, head=2, sinks=2)
+    set_conv_backend(torch.nn.ModuleList(convs), "plain")  # sinks come with the fused kernels only
+    weights = tuple(c.weight for c in convs)
+    assert short_conv.convolve_packed(h, weights, "plain", (2,), norm=2, head=2, sinks=True).sinks is None
 
 
 def test_a_conv_wider_than_the_kernels_is_refused_on_the_fused_path(fused):

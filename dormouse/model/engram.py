@@ -21,7 +21,6 @@ The keys' hash formula, the contract, is model/engram_keys.py's docstring.
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dormouse.model.engram_keys import (
@@ -35,9 +34,8 @@ from dormouse.model.engram_keys import (
 from dormouse.model.init import linear, normal_init_
 from dormouse.model.norm import RMSNorm
 from dormouse.model.short_conv import FusableConv
-from dormouse.ops import engram_gate, registry
-from dormouse.ops.short_conv.fused import fused_convs
-from dormouse.ops.short_conv.reference import conv_tail
+from dormouse.ops import engram_gate
+from dormouse.ops import short_conv as conv_op
 
 # ---- table rows ------------------------------------------------------------------------------------------
 
@@ -106,37 +104,21 @@ class EngramConv(FusableConv):
     Decode carries the tail: the last (size−1)·dilation gated values ṽ.
     Init: weight N(0, 0.02), so Y ≈ ṽ at first; RMSNorm gain 1.
 
-    A call from the sequence start runs the fused path where the conv backend says so (`--conv-backend`,
-    as the KDA layers' short convs: ops/short_conv/'s Triton kernels, the conv and its SiLU in one
-    kernel each way, fp32 inside) and is counted in counters.CONV either way.
+    The conv and its SiLU are the op ops/short_conv/ `dilated_short_conv`, the norm its fused input; which
+    backend runs (`--conv-backend`, as for the KDA layers' short convs) is the op's choice.
     """
 
     def __init__(self, channels: int, size: int, dilation: int, eps: float):
         super().__init__()
-        self.size, self.dilation = size, dilation
+        self.dilation = dilation
         self.norm = RMSNorm(channels, eps)
         self.weight = nn.Parameter(torch.empty(channels, 1, size))  # a depthwise conv filter [C, 1, k]
 
-    @property
-    def tail_len(self) -> int:
-        return (self.size - 1) * self.dilation
-
     def forward(self, v: torch.Tensor, tail: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """v [B, T, C] gated values, tail [B, tail_len, C] of the positions before (None: the sequence
-        start) -> (Y [B, T, C], the new tail)."""
-        fused = tail is None and v.shape[1] > 0 and self.is_fused(v.device)
-        registry.record("conv", fused)
-        if fused:  # the same function: the norm of the zero padding is zero
-            y = fused_convs(self.norm(v), (self.weight.view(v.shape[-1], -1),), self.dilation)[0]
-            return v + y, conv_tail(v, self.tail_len)
-        if tail is None:
-            tail = v.new_zeros(v.shape[0], self.tail_len, v.shape[-1])
-        ctx = torch.cat([tail.to(v.dtype), v], dim=1)
-        n, w, t_len = self.norm(ctx), self.weight.to(v.dtype), v.shape[1]
-        # The taps as shifted views: exactly the formula above, and T = 0 (a decode prefill of
-        # memory slots, no bytes) needs no special case.
-        y = sum(n[:, i * self.dilation : i * self.dilation + t_len] * w[:, 0, i] for i in range(self.size))
-        return v + F.silu(y), ctx[:, ctx.shape[1] - self.tail_len :]
+        """v [B, T, C] gated values, tail [B, (size−1)·dilation, C] of the positions before (None: the
+        sequence start) -> (Y [B, T, C], the new tail)."""
+        y, tail = conv_op.dilated_short_conv(v, tail, self.weight, self.dilation, self.norm, self.backend)
+        return v + y, tail
 
 
 @dataclass(frozen=True)

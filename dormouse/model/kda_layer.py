@@ -1,6 +1,7 @@
 """The KDA mixer layer: fla's KimiDeltaAttention around the op of ops/kda/, with its projections,
-short convolutions on q, k, v (model/short_conv.py), gates and gated output norm; on fla with the fused
-convs its training step runs under dormouse's own Function (ops/kda/fla.py).
+short convolutions on q, k, v (model/short_conv.py), gates and gated output norm. The op takes the
+gate's and beta's raw inputs and q and k as the convs give them (ops/kda/ `gated`); which kernels
+prepare and run them is the op's choice, from the backend the layer is asked for.
 """
 
 import math
@@ -17,9 +18,7 @@ from dormouse.model.norm import GatedRMSNorm
 from dormouse.model.short_conv import ShortConv
 from dormouse.ops import kda as kda_op  # the op through its package: a stand-in set there reaches the layer
 from dormouse.ops import registry
-from dormouse.ops.kda.fla import chunk_kda_sunk, fla_options, prep_in_kernel_options
-from dormouse.ops.kda.reference import compute_dtype
-from dormouse.ops.norm.reference import l2norm
+from dormouse.ops.kda.fla import fla_options
 from dormouse.ops.projections import affine_of, linear_of, packed, project
 from dormouse.ops.short_conv import convolve_packed
 from dormouse.ops.short_conv.reference import conv_tail
@@ -43,10 +42,6 @@ KDA_PARAM_GROUPS = (
     "o_proj",
 )
 _CONV_GROUPS = ("q_conv", "k_conv", "v_conv")
-
-
-def _is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 class _Projected(NamedTuple):
@@ -168,17 +163,9 @@ class KDALayer(nn.Module):
 
     def _gate_input(self, f_low: torch.Tensor) -> torch.Tensor:
         """The decay gate's raw input [B,T,H,K] (before dt_bias) from its low-rank half f_a(x), in the
-        projection's dtype (bf16 under autocast: fla's in-kernel gate reads it as is, see `_mix`)."""
+        projection's dtype (bf16 under autocast: fla's in-kernel gate reads it as is, ops/kda/ `gated`)."""
         B, T, _ = f_low.shape
         return linear_of(f_low, self.f_b).view(B, T, self.n_heads, self.head_dim)
-
-    def _decay(self, f: torch.Tensor) -> torch.Tensor:
-        """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input `f`, in fp32 at least."""
-        f = f.to(compute_dtype(f)) + self.dt_bias.view(self.n_heads, self.head_dim)
-        A = self.A_log.exp()[:, None]
-        if self.gate_lower_bound is None:
-            return -A * F.softplus(f)
-        return self.gate_lower_bound * torch.sigmoid(A * f)
 
     def _project(self, x, cache, sinks: bool = False) -> _Projected:
         """x's six projections, q, k and v through their short convs (continuing the cache's tails). The
@@ -190,17 +177,13 @@ class KDALayer(nn.Module):
         convs = (self.q_conv, self.k_conv, self.v_conv)
         if cache is None and torch.is_grad_enabled():  # one projection, its q, k, v slices convolved
             h = packed(x, linears)
-            # The fused conv kernels normalise q and k too (one launch each way, no norm kernels)
-            fuse_norm = all(conv.is_fused(h.device) for conv in convs) and _is_power_of_two(self.head_dim)
-            n_sinks = 2 if fuse_norm and sinks else 0
             rest = tuple(lin.out_features for lin in linears[3:])
             weights, backend = tuple(conv.weight for conv in convs), self.q_conv.backend
-            outs = convolve_packed(
-                h, weights, backend, rest, norm=2 if fuse_norm else 0, head=self.head_dim, sinks=n_sinks
-            )
+            # q and k L2-normalised as fused inputs of the conv op where its kernels can (one launch each way)
+            c = convolve_packed(h, weights, backend, rest, norm=2, head=self.head_dim, sinks=sinks)
             HK, keep = self.n_heads * self.head_dim, self.q_conv.weight.shape[-1] - 1
             tails = tuple(conv_tail(h[..., i * HK : (i + 1) * HK], keep) for i in range(3))
-            return _Projected(*outs[:6], conv_state=tails, qk_normed=fuse_norm, sinks=outs[6:] or None)
+            return _Projected(*c.outs, conv_state=tails, qk_normed=c.normed, sinks=c.sinks)
         q, k, v, f_low, b, g_low = project(x, linears)
         states = (None, None, None) if cache is None else cache.conv
         (q, cq), (k, ck), (v, cv) = (conv(t, s) for conv, t, s in zip(convs, (q, k, v), states, strict=True))
@@ -209,57 +192,28 @@ class KDALayer(nn.Module):
     def _mix(self, x, cache, backend, return_cache):
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        on_fla = self.fla_prep_in_kernel and registry.resolve("kda", backend, x.device) == "fla"
-        # Training on fla with the fused convs: fla's forward and backward under dormouse's Function, q's
-        # and k's gradients handed to the convs in fp32 (ops/kda/fla.py)
-        p = self._project(x, cache, sinks=on_fla and not return_cache)
+        # Training on fla with the fused convs: q's and k's gradients handed to the convs in fp32 (ops/kda/fla.py)
+        sinks = not return_cache and kda_op.fla_prepares(backend, x.device, self.fla_prep_in_kernel)
+        p = self._project(x, cache, sinks=sinks)
         q, k, v = (t.view(B, T, H, K) for t in (p.q, p.k, p.v))
-        f = self._gate_input(p.f_low)
-        if p.sinks is not None:
-            o, state = self._kda_sunk(q, k, v, f, p.b, p.sinks), None
-        else:
-            o, state = self._kda(q, k, v, f, p.b, cache, backend, return_cache, on_fla, p.qk_normed)
-        o = self.o_norm(o, affine_of(p.g_low, self.g_b).view(B, T, H, K))
-        y = linear_of(o.flatten(2), self.o_proj)
-        return y, (KDACache(p.conv_state, state) if return_cache else None)
-
-    def _kda_sunk(self, q, k, v, f, b, sinks) -> torch.Tensor:
-        """fla's KDA of the fused convs' q, k, v with their gradients handed back in fp32 (ops/kda/fla.py)."""
-        registry.record("kda", fused=True)
-        options = self.fla_options | {"lower_bound": self.gate_lower_bound}
-        q_sink, k_sink = (t.view(q.shape) for t in sinks)
-        return chunk_kda_sunk(
-            q, k, v, f, b, self.A_log, self.dt_bias, q_sink, k_sink, chunk_size=self.chunk_size, options=options
-        )
-
-    def _kda(self, q, k, v, f, b, cache, backend, return_cache, on_fla, qk_normed):
-        """The mixer on the resolved backend (`kda`), its inputs prepared for it: (o, final state or None)."""
-        options = self.fla_options
-        if on_fla:
-            options = options | prep_in_kernel_options(
-                self.A_log, self.dt_bias, self.gate_lower_bound, qk_norm=not qk_normed
-            )
-            # The gate's input in the projection's dtype, uncast: fla's gate kernels load it as fp32 (exact
-            # from bf16) and round its gradient once to its dtype, as the cast's backward would: the same
-            # arithmetic without a [B, T, H, K] fp32 copy each way (the output and g's gradient bit for bit,
-            # A_log's and dt_bias's sums to fp32 rounding: tests/gpu/test_kda_fla.py).
-            q, k, g, beta = q.to(v.dtype), k.to(v.dtype), f, b
-        else:
-            # Autocast runs the norm's reduction in fp32; q, k go back to v's (the projections') dtype so
-            # that fla runs its bf16 kernels under bf16 autocast, not fp32 ones.
-            if not qk_normed:
-                q, k = l2norm(q).to(v.dtype), l2norm(k).to(v.dtype)
-            g, beta = self._decay(f), torch.sigmoid(b.to(compute_dtype(b)))
-        return kda_op.kda(
+        o, state = kda_op.gated(
             q,
             k,
             v,
-            g,
-            beta,
+            self._gate_input(p.f_low),
+            p.b,
+            self.A_log,
+            self.dt_bias,
+            lower_bound=self.gate_lower_bound,
+            qk_normed=p.qk_normed,
+            sinks=p.sinks,
             initial_state=None if cache is None else cache.state,
             output_final_state=return_cache,
             backend=backend,
             chunk_size=self.chunk_size,
-            fla_options=options,
-            lower_bound=None if on_fla else self.gate_lower_bound,
+            fla_options=self.fla_options,
+            prep_in_kernel=self.fla_prep_in_kernel,
         )
+        o = self.o_norm(o, affine_of(p.g_low, self.g_b).view(B, T, H, K))
+        y = linear_of(o.flatten(2), self.o_proj)
+        return y, (KDACache(p.conv_state, state) if return_cache else None)

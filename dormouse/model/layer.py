@@ -42,15 +42,11 @@ class Layer(nn.Module):
             )
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.ffn = make_ffn(d, cfg.ffn_hidden, cfg.n_experts, cfg.experts_top_k, gen, dense=cfg.experts_dense)
-        # Read by one matmul alone: KDA's packed projections, the dense SwiGLU's (not attention's three
-        # Linears, whose three gradients autocast sums in fp32; not the experts' fp32 accumulation).
-        self.mixer_norm.feeds_one_matmul = mixer == "kda"
-        self.ffn_norm.feeds_one_matmul = cfg.n_experts == 1
 
     def forward(self, x, cache=None, *, pending=None, step: bool = False, want_cache: bool = False, drop=keep_all):
         """x [B,T,d] (or [B,d] with step=True) -> (Branches, aux, cache or None). `pending`: the previous
-        layer's FFN output, still to add to x (in the pre-norm's kernel: loop.Stream). `drop` is applied to
-        the mixer's and the FFN's outputs (dropout, as nanoGPT's residual branches)."""
+        layer's FFN output, still to add to x: the pre-norm takes it as a fused input (loop.Stream). `drop`
+        is applied to the mixer's and the FFN's outputs (dropout, as nanoGPT's residual branches)."""
         if pending is None:
             h = self.mixer_norm(x)
         else:

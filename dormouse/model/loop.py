@@ -28,9 +28,10 @@ class Stream:
     sources (embedding first, then every engram and layer output) each layer input is mixed from.
 
     The plain stream holds a block layer's output as `x` = its x + a and `pending` = its f (or an engram
-    memory's output: `join`), not yet added: the next block layer adds it inside its pre-norm's kernel
-    (`layer_input`), and every other reader (an engram memory, MoR's router, the head) gets the sum
-    (`input`), the same fp32 add. The re-injection adds the embedding to x and leaves f pending."""
+    memory's output: `join`), not yet added: the next block layer's pre-norm takes it as a fused input
+    and adds it in its kernel (`layer_input`, RMSNorm.add_and_norm), and every other reader (an engram
+    memory, MoR's router, the head) gets the sum (`input`), the same fp32 add. The re-injection adds the
+    embedding to x and leaves f pending."""
 
     def __init__(self, e: torch.Tensor, attn_res: nn.ModuleList | None):
         self.e, self.attn_res = e, attn_res

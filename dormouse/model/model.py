@@ -39,7 +39,6 @@ from dormouse.model.loop import LoopPlan, MoRRouter, Stream, check_exit, top1_pr
 from dormouse.model.memory import PersistentMemory
 from dormouse.model.norm import RMSNorm, set_norm_backend
 from dormouse.model.short_conv import set_conv_backend
-from dormouse.ops.projections import shared_casts
 
 VOCAB = 256
 ENGRAM_FILE = "engram"  # the checkpoint file (stem) of the engram tables and their optimizer state
@@ -125,7 +124,6 @@ class DormouseLM(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(d, VOCAB, bias=False, device="meta").to_empty(device="cpu")
             normal_init_(self.lm_head.weight, gen)
-            self.lm_head._dormouse_route = "adamw_decay"  # the head is not a hidden matrix
         self.router = None  # drawn last, so the other weights do not depend on the arm
         if cfg.mor:
             self.router = MoRRouter(d, cfg.depth - 1, cfg.mor_capacity, generator=gen)
@@ -136,9 +134,9 @@ class DormouseLM(nn.Module):
         set_conv_backend(self, cfg.conv_backend)
         set_swiglu_backend(self, cfg.swiglu_backend)
 
-    # ---- the trunk: one implementation for forward and step --------------------------------------------------
+    # ---- the trunk: one implementation for forward, step and new_cache ---------------------------------------
 
-    def _trunk(
+    def trunk(
         self,
         e,
         caches,
@@ -165,16 +163,15 @@ class DormouseLM(nn.Module):
         stream = Stream(e, self.attn_res)
         out = Trunk(h=e, caches=[], aux={}, engram=None, tails={}, iterations=0)
         router_bce = []
-        with shared_casts():  # each layer's bf16 weights cast once for all its applications
-            for r in range(plan.depth):
-                with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
-                    bce = self._iteration(
-                        r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop
-                    )
-                router_bce += [] if bce is None else [bce]
-                out.iterations = r + 1
-                if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
-                    break
+        for r in range(plan.depth):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and plan.records_grad(r)):
+                bce = self._iteration(
+                    r, stream, caches, plan, out, keys, conv, slots, step, want_cache, drop, engram_drop
+                )
+            router_bce += [] if bce is None else [bce]
+            out.iterations = r + 1
+            if plan.exit_after is not None and r + 1 < plan.depth and plan.exit_after(stream.input(-1)):
+                break
         # A decode step settles the stream (its skipped layers read the hidden state); a forward leaves the
         # last FFN output for the final norm's kernel to add.
         out.h, out.pending = (stream.input(-1), None) if step else stream.output()
@@ -245,12 +242,12 @@ class DormouseLM(nn.Module):
         return keys, window
 
     def _head(self, h, pending=None):
-        """(logits, the hidden state) of h plus `pending`, a branch output not yet added: the final norm's
-        kernel adds it and, feeding the head's matmul alone, writes the matmul's dtype (RMSNorm.add_and_norm)."""
+        """(logits, the hidden state) of h plus `pending`, a branch output not yet added: the final norm
+        takes it as a fused input and adds it in its kernel (RMSNorm.add_and_norm)."""
         if pending is None:
             normed = self.final_norm(h)
         else:
-            normed, h = self.final_norm.add_and_norm(pending, h, for_matmul=True)
+            normed, h = self.final_norm.add_and_norm(pending, h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(normed, weight.to(normed.dtype)), h
 
@@ -297,7 +294,7 @@ class DormouseLM(nn.Module):
         mixers = None if cache is None else cache.mixers
         conv = None if cache is None or cache.engram is None else cache.engram.conv
         engram_drop = dropout_of(self.cfg.engram_dropout, self.training, dropout_gen)
-        trunk = self._trunk(
+        trunk = self.trunk(
             e,
             mixers,
             plan,
@@ -364,7 +361,7 @@ class DormouseLM(nn.Module):
             # No bytes yet, but the slots must take the same path as in a full forward (with AttnRes the
             # engram outputs are sources, zero at the slots).
             keys = {j: torch.empty(batch_size, 0, m.arms, dtype=torch.int64, device=device) for j, m in memories}
-            trunk = self._trunk(e, None, LoopPlan(self.cfg.depth), keys=keys or None, slots=e.shape[1], want_cache=True)
+            trunk = self.trunk(e, None, LoopPlan(self.cfg.depth), keys=keys or None, slots=e.shape[1], want_cache=True)
             caches, tails = trunk.caches, trunk.tails
         return ModelCache(caches, 0, None if window is None else EngramCache(window, tails))
 
@@ -389,7 +386,7 @@ class DormouseLM(nn.Module):
             for j, m in self.memories():
                 keys[j], window = m.step_keys(engram.window, byte)
         plan = LoopPlan(max_iter, exit_after=exit_after)
-        trunk = self._trunk(self.embed(byte), cache.mixers, plan, keys=keys, conv=conv, step=True)
+        trunk = self.trunk(self.embed(byte), cache.mixers, plan, keys=keys, conv=conv, step=True)
         if engram is not None:
             engram = EngramCache(window, trunk.tails)
         position = cache.position + 1

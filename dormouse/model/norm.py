@@ -1,11 +1,13 @@
 """RMSNorm modules: the weight and eps of the op ops/norm/ (which backend runs, plain or fused, is the op's
 business: `backend` holds the requested `--norm-backend`, set by the model, `set_norm_backend`).
 
-`RMSNorm.feeds_one_matmul` marks a norm whose output feeds one matmul and nothing else (the block layers'
-pre-norms of a KDA mixer and of a dense SwiGLU): the op may then write it in autocast's dtype
-(ops/norm/__init__.py). `add_and_norm` is the pre-norm of a residual stream a branch's output has just
-joined: the block layer's FFN pre-norm takes the mixer's output, the next layer's mixer pre-norm the
-FFN's (model/loop.py's Stream).
+`add_and_norm` is the norm taking a fused input: the pre-norm of a residual stream a branch's output
+joins inside the norm's kernel (the block layer's FFN pre-norm takes the mixer's output, the next
+layer's mixer pre-norm and the final norm the FFN's: model/loop.py's Stream).
+
+`feeds_one_matmul` and `sum_feeds_one_matmul` are output-layout hints, off as built: the kernel pass
+(ops/passes.py) sets them on the norms whose output feeds one matmul and nothing else, which the op may
+then write in autocast's dtype (ops/norm/__init__.py).
 """
 
 import torch
@@ -20,7 +22,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.backend = "auto"  # as asked for (registry.CHOICES); resolved per call on the input's device
-        self.feeds_one_matmul = False  # set by the owner whose one matmul alone reads the output
+        self.feeds_one_matmul = False  # every call's output feeds one matmul alone (ops/passes.py)
+        self.sum_feeds_one_matmul = False  # add_and_norm's output does (ops/passes.py)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def reset_parameters(self) -> None:
@@ -30,13 +33,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return norm_op.rms_norm(x, self.weight, self.eps, self.backend, for_matmul=self.feeds_one_matmul)
 
-    def add_and_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, *, for_matmul: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(residual + x), residual + x) (`norm_op.add_rms_norm`). `for_matmul`: this call's output
-        feeds one matmul alone, as `feeds_one_matmul` says of every call (the final norm's for the head; its
-        other caller, JEPA's teacher, wants fp32). One call counts once in counters.NORM."""
-        for_matmul = self.feeds_one_matmul or for_matmul
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x) (`norm_op.add_rms_norm`): x, a branch's output, is the fused
+        input the kernel adds. One call counts once in counters.NORM."""
+        for_matmul = self.feeds_one_matmul or self.sum_feeds_one_matmul
         return norm_op.add_rms_norm(x, residual, self.weight, self.eps, self.backend, for_matmul=for_matmul)
 
 

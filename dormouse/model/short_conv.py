@@ -10,18 +10,14 @@ from dormouse.ops import short_conv as conv_op
 
 
 class FusableConv(nn.Module):
-    """A causal depthwise conv whose calls without carried state can run the fused path: the subclass's
-    `weight` [C, 1, size] and the backend asked for (`set_conv_backend`)."""
+    """A causal depthwise conv of ops/short_conv/, which has a fused path: the subclass's `weight`
+    [C, 1, size] and the backend asked for (`set_conv_backend`)."""
 
     weight: nn.Parameter
 
     def __init__(self):
         super().__init__()
         self.backend = "auto"  # as asked for (registry.CHOICES); resolved per call on the input's device
-
-    def is_fused(self, device: torch.device) -> bool:
-        """Whether a call without carried state runs the fused path on `device` (refused if it cannot)."""
-        return conv_op.is_fused(self.backend, device, self.weight.shape[-1])
 
 
 class ShortConv(FusableConv):

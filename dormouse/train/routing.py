@@ -9,7 +9,9 @@
                     filters [C, 1, k]
     sparse          Engram tables (declared; updated row-wise, no decay)              SparseRowAdam
 
-The rules look at shapes and at the type of the module that owns a parameter, never at its name. A
+The rules look at shapes and at the type of the module that owns a parameter, never at its name, and
+at one module by its place: the model's `lm_head` (an untied head is an nn.Linear, but an output head,
+not a hidden matrix: its parameters go to adamw_decay; a head tied to the embedding is an embedding). A
 special case is declared next to the parameter, by its owner, and wins over the rules:
 
     self.head._dormouse_route = "adamw_decay"                 # module: all of its own (direct) parameters
@@ -18,8 +20,7 @@ special case is declared next to the parameter, by its owner, and wins over the 
 
 A parameter's own attribute wins over its module's. Prefer the module form: torch drops attributes set
 on a Parameter when it copies it (`copy.deepcopy`, and `.to()` under swap_tensors / FSDP2), while a
-module's attribute travels with the module. The LM head must be declared (an untied head is an
-nn.Linear and would otherwise be a hidden matrix); a head tied to the embedding is an embedding.
+module's attribute travels with the module.
 
 A parameter the rules cannot place (a loose 2-D or 4-D tensor, a stacked expert tensor) is refused with
 its name, shape and owner: declare it. A tensor reachable under two names (tied weights) is routed
@@ -67,11 +68,13 @@ def route(model: nn.Module, opt: str = "sinkhorn") -> list[Group]:
     if opt not in OPTS:
         raise ValueError(f"unknown opt {opt!r}; choose one of {OPTS}")
     owners = _owners(model)
+    head = getattr(model, "lm_head", None)
+    heads = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
     groups = {name: Group(name, OPTIMIZER[name], weight_decay=WEIGHT_DECAY[name]) for name in ROUTES}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        where = _route_one(name, p, owners[id(p)])
+        where = _route_one(name, p, owners[id(p)], id(p) in heads)
         if opt == "adamw" and where == "matrices":
             where = "adamw_decay"
         groups[where].params.append((name, p))
@@ -90,13 +93,15 @@ def _owners(model: nn.Module) -> dict[int, list[tuple[str, nn.Module, str]]]:
     return out
 
 
-def _route_one(name: str, p: nn.Parameter, owners: list[tuple[str, nn.Module, str]]) -> str:
+def _route_one(name: str, p: nn.Parameter, owners: list[tuple[str, nn.Module, str]], head: bool) -> str:
     declared = _declared(name, p, owners)
     shape = tuple(p.shape)
     if declared is not None:
         if declared == "matrices" and p.ndim != 2:
             raise ValueError(f"parameter {name} {shape} is declared 'matrices' but is not 2-D")
         return declared
+    if head:
+        return "adamw_decay"  # the model's lm_head: an output head, not a hidden matrix
     if p.ndim <= 1:
         return "adamw_no_decay"
     kinds = {(type(mod), local) for _, mod, local in owners}

@@ -30,6 +30,7 @@ from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
 from dormouse.model import precision
 from dormouse.model.model import DormouseLM
+from dormouse.ops import passes
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.fla import pin as fla_pin
 from dormouse.parallel.parallelize import parallelize
@@ -63,7 +64,7 @@ class Trainer:
         rank_rows(t.batch_size, self.world.rank, self.world.size)  # refuse an indivisible batch at start-up
         self.device = self.world.device(t.device)
         self.precision_note = precision.apply(t.dtype)  # before any kernel compiles
-        self.model = DormouseLM(cfg.model, seed=t.seed).to(self.device)
+        self.model = passes.schedule(DormouseLM(cfg.model, seed=t.seed)).to(self.device)
         # Under FSDP the model is sharded (and under --engram-shard its tables cut) before the optimizers see it.
         replica = parallelize(self.model, self.world, t)
         self.groups = route(self.model, t.opt)

@@ -12,13 +12,14 @@ from dormouse import config  # noqa: E402
 from dormouse.decode.decoder import Decoder, sample  # noqa: E402
 from dormouse.decode.graphed import GraphedDecoder  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
+from dormouse.ops import passes  # noqa: E402
 from dormouse.resolve import resolve
 
 
 def model_on_cuda(**arm):
     values = {"d_model": 64, "n_heads": 2, "ffn_hidden": 128, **arm}
     cfg = resolve(config.build("nano", {"model": values, "train": {"device": "cuda"}}), cuda_available=True)
-    return DormouseLM(cfg.model, seed=3).cuda().eval()
+    return passes.schedule(DormouseLM(cfg.model, seed=3)).cuda().eval()  # as runs.load_model builds it
 
 
 def logits_and_bytes(decoder, n):

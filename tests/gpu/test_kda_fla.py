@@ -83,7 +83,7 @@ def test_layer_on_cuda_runs_fla_and_matches_chunked(options):
 
 
 def test_in_kernel_gate_reads_bf16_input_with_the_cast_s_bits():
-    # The layer hands fla's in-kernel gate the projection's bf16 output uncast (kda_layer.py, `_mix`): fla loads
+    # The op hands fla's in-kernel gate the projection's bf16 output uncast (ops/kda/ `gated`): fla loads
     # it as fp32 and rounds its gradient once to bf16, as a cast to fp32 and that cast's backward would:
     # the output and the gate's gradient bit for bit, A_log's and dt_bias's gradients to fp32 rounding.
     fn = fla_kernels.chunk_kda()[0]

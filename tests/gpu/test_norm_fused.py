@@ -21,6 +21,7 @@ from dormouse import counters, rng  # noqa: E402
 from dormouse.config import build  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.model.norm import GatedRMSNorm, RMSNorm  # noqa: E402
+from dormouse.ops import passes  # noqa: E402
 from dormouse.resolve import resolve  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2.0**-8, 1e-2)}  # (output, gradients)
@@ -143,7 +144,7 @@ def test_the_model_step_with_the_flags_off_differs_by_roundings():
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
     results = []
     for flags in (True, False):
-        model = DormouseLM(cfg.model, seed=0).cuda()
+        model = passes.schedule(DormouseLM(cfg.model, seed=0)).cuda()
         if not flags:
             for layer in model.layers:
                 layer.mixer_norm.feeds_one_matmul = layer.ffn_norm.feeds_one_matmul = False

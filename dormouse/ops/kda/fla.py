@@ -31,7 +31,7 @@ def kda_fla(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_si
     # fla wants q, k, v, beta in one dtype and an fp32 initial state; the log-decay g stays fp32 (fla's
     # own tests pass it so) since the kernel accumulates it. q, k, g, beta are already activated unless
     # `fla_options` has fla apply them (`prep_in_kernel_options`); its in-kernel gate then reads g, the
-    # gate's raw input, in the projection's dtype as it is (KDALayer._mix).
+    # gate's raw input, in the projection's dtype as it is (`gated`, ops/kda/__init__.py).
     return chunk_kda(
         q,
         k.to(dtype),

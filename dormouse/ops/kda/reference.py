@@ -6,6 +6,7 @@ beta [B,T,H] in (0,1), state [B,H,K,V]. Per step and head:
 """
 
 import torch
+import torch.nn.functional as F
 
 
 def check_shapes(q, k, v, g, beta, initial_state) -> tuple[int, int, int, int, int]:
@@ -28,6 +29,17 @@ def check_shapes(q, k, v, g, beta, initial_state) -> tuple[int, int, int, int, i
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     # The state and cumulative decays need fp32 at least; fp64 inputs stay fp64 for the tests.
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def decay(f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None) -> torch.Tensor:
+    """The per-channel log-decay g [B,T,H,K] <= 0 from the gate's raw input f [B,T,H,K], in fp32 at least:
+    lower_bound · sigmoid(exp(A_log) · (f + dt_bias)), or −exp(A_log) · softplus(f + dt_bias) without a
+    bound (A_log [H], dt_bias [H·K])."""
+    f = f.to(compute_dtype(f)) + dt_bias.view(f.shape[-2:])
+    A = A_log.exp()[:, None]
+    if lower_bound is None:
+        return -A * F.softplus(f)
+    return lower_bound * torch.sigmoid(A * f)
 
 
 def start_state(initial_state, shape, dtype, device) -> torch.Tensor:

@@ -1,18 +1,19 @@
-"""RMSNorm, the op: `rms_norm`, `add_rms_norm` (the pre-norm of a residual stream a branch's output has
-just joined) and `gated_rms_norm` (`RMSNorm(x) * sigmoid(gate)`, the KDA layer's output norm).
+"""RMSNorm, the op: `rms_norm`, `add_rms_norm` (the pre-norm of a residual stream, taking as a fused
+input the branch output that joins it) and `gated_rms_norm` (`RMSNorm(x) * sigmoid(gate)`, the KDA layer's output norm).
 
 Two backends compute each: `plain` (reference.py: torch's F.rms_norm in fp32, any device) and `fused`
 (fla.py: fla's Triton RMSNorm, CUDA only, with its own backward; the add-and-norm's backward is
 dormouse's kernel, triton.py). `--norm-backend` (auto, fused, plain) chooses, through ops/registry.py,
 per call on the input's device, and every call counts once in counters.NORM (`norm=<fused>/<calls>`).
 
-`for_matmul`: the output feeds one matmul and nothing else (model/layer.py's pre-norms of a KDA mixer and
-of a dense SwiGLU, the final norm for the head). On the fused path under autocast it is written in
-autocast's dtype: the matmul would cast it to that dtype anyway (one rounding of an fp32 value) and cast
-its gradient back to fp32 (exact), so the arithmetic is the same and two [B, T, d] passes a call are
-saved (docs/performance.md). Not the same bits on an H200: fla's autotuner keys its kernel choice on the
-dtypes, and another block shape sums a row's squares in another order, so an output can differ by one
-bf16 rounding and the gradients by what follows from it (tests/gpu/test_norm_fused.py measures it).
+`for_matmul`: the output feeds one matmul and nothing else (the norms ops/passes.py flags: the block
+layers' pre-norms of a KDA mixer and of a dense SwiGLU, the final norm for the head). On the fused path
+under autocast it is written in autocast's dtype: the matmul would cast it to that dtype anyway (one
+rounding of an fp32 value) and cast its gradient back to fp32 (exact), so the arithmetic is the same and
+two [B, T, d] passes a call are saved (docs/performance.md). Not the same bits on an H200: fla's
+autotuner keys its kernel choice on the dtypes, and another block shape sums a row's squares in another
+order, so an output can differ by one bf16 rounding and the gradients by what follows from it
+(tests/gpu/test_norm_fused.py measures it).
 
 The gated norm's fused path (fla's rms_norm_gated) rounds once; the plain path rounds the norm and the
 sigmoid to x's dtype before their product. On the H200 the fused path replaced a [B, T, d] sigmoid, its
@@ -71,9 +72,9 @@ def add_rms_norm(
     for_matmul: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(residual + x), residual + x), the sum in residual's dtype (at least as wide as x's: the fp32
-    stream and a bf16 branch). On the fused path one kernel each way (fla's forward, dormouse's backward)
-    forms the sum and normalises it, and backward adds the sum's gradient to the norm's: no separate add,
-    cast or gradient sum (docs/performance.md)."""
+    stream and a bf16 branch): the norm taking the branch output x as a fused input. On the fused path
+    one kernel each way (fla's forward, dormouse's backward) forms the sum and normalises it, and backward
+    adds the sum's gradient to the norm's: no separate add, cast or gradient sum (docs/performance.md)."""
     if torch.promote_types(x.dtype, residual.dtype) != residual.dtype:
         narrower = f"{residual.dtype} is narrower than {x.dtype}"
         raise ValueError(f"add_and_norm sums into the residual's dtype: {narrower}")

@@ -12,8 +12,11 @@ Under autograd the KDA layer convolves q, k and v as three slices of its one pac
 (`convolve_packed`): on the fused path one autograd Function runs the three in one kernel launch each way
 and writes their gradients, and the rest of the projection's, into one tensor shaped as the projection, so
 its backward needs no cat of six gradients. The launch also L2-normalises q and k over each head (fla's
-l2norm, which chunk_kda would otherwise run on them: the layer then tells fla not to), keeping each head's
-1 / norm for the backward.
+l2norm, which chunk_kda would otherwise run on them: `Convolved.normed` says so, and the KDA op then
+tells fla not to), keeping each head's 1 / norm for the backward.
+
+The engram's conv (`dilated_short_conv`) spaces its taps `dilation` apart and takes its RMSNorm as a
+fused input: the norm of the new positions alone, then the kernel, on the fused path.
 
 The fused path covers every forward that starts with no carried state: training, evaluation, a
 prompt's prefill. A decode step, which starts from the state, runs the plain path whatever the backend
@@ -21,11 +24,13 @@ prompt's prefill. A decode step, which starts from the state, runs the plain pat
 counters.CONV, so the eval line's `conv=<fused>/<calls>` says which path ran.
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from dormouse import counters, ledger
 from dormouse.ops import registry
-from dormouse.ops.norm.reference import l2norm
 from dormouse.ops.short_conv import fused, reference
 
 MAX_FUSED_WIDTH = 4  # triton.TAPS (that module needs Triton to import)
@@ -68,6 +73,16 @@ def short_conv(
     return reference.short_conv(x, weight, state)
 
 
+class Convolved(NamedTuple):
+    """`convolve_packed`'s result: each conv's output, then the rest of the channels (views), whether the
+    first outputs asked for are L2-normalised already, and their gradient sinks (None unless asked for
+    and normalised)."""
+
+    outs: tuple[torch.Tensor, ...]
+    normed: bool
+    sinks: tuple[torch.Tensor, ...] | None
+
+
 def convolve_packed(
     packed: torch.Tensor,
     weights: tuple[torch.Tensor, ...],
@@ -75,23 +90,55 @@ def convolve_packed(
     rest: tuple[int, ...],
     norm: int = 0,
     head: int = 0,
-    sinks: int = 0,
-) -> tuple[torch.Tensor, ...]:
+    sinks: bool = False,
+) -> Convolved:
     """Each conv of `weights` ([C, 1, size] each) on its slice of `packed` [B, T, N], in order from channel
-    0, from the sequence's start, the first `norm` outputs L2-normalised over each `head` channels (fla's
-    form, `l2norm`): (each conv's output, then the remaining N - n·C channels split by the widths `rest`,
-    as views of `packed`, then `sinks` gradient sinks of the first outputs: see `fused.fused_convs`, the
-    only path that has them). Each conv counts once in counters.CONV."""
+    0, from the sequence's start, then the remaining N - n·C channels split by the widths `rest`, as views
+    of `packed`. On the fused path with `head` a power of two the first `norm` outputs come L2-normalised
+    over each `head` channels (fla's form, inside the kernels' launch; `normed`), with their gradient
+    sinks where `sinks` asks (see `fused.fused_convs`); elsewhere the caller normalises them. Each conv
+    counts once in counters.CONV."""
     C, n = weights[0].shape[0], len(weights)
     if not is_fused(backend, packed.device, weights[0].shape[-1]):
-        if sinks:
-            raise ValueError("gradient sinks come with the fused conv kernels only (short_conv.is_fused)")
         *parts, rest_parts = packed.split([C] * n + [packed.shape[-1] - n * C], dim=-1)
         outs = [short_conv(part, weight, None, backend)[0] for weight, part in zip(weights, parts, strict=True)]
-        for i in range(norm):
-            outs[i] = l2norm(outs[i].unflatten(-1, (-1, head))).flatten(-2).to(outs[i].dtype)
-        return (*outs, *rest_parts.split(rest, dim=-1))
+        return Convolved((*outs, *rest_parts.split(rest, dim=-1)), False, None)
     for _ in weights:
         registry.record("conv", True)
+    normed = norm > 0 and _is_power_of_two(head)
     flat = tuple(weight.view(C, -1) for weight in weights)
-    return fused.fused_convs(packed, flat, rest=rest, norm=norm, head=head, sinks=sinks)
+    n_sinks = norm if normed and sinks else 0
+    outs = fused.fused_convs(packed, flat, rest=rest, norm=norm if normed else 0, head=head, sinks=n_sinks)
+    kept = n + len(rest)
+    return Convolved(outs[:kept], normed, outs[kept:] or None)
+
+
+def dilated_short_conv(
+    x: torch.Tensor,
+    tail: torch.Tensor | None,
+    weight: torch.Tensor,
+    dilation: int,
+    prenorm: Callable[[torch.Tensor], torch.Tensor],
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU of the causal depthwise conv of prenorm(inputs), taps `dilation` apart (the engram's), at the
+    positions of x [B, T, C] -> (that [B, T, C], the new tail: the last (size−1)·dilation inputs). `tail`
+    holds the inputs before x (None: the sequence's start, zeros before it; `prenorm` takes zero to zero,
+    as an RMSNorm does). The norm is the op's fused input: a call from the start with positions runs the
+    fused path where `backend` chooses it on x's device (the norm of x alone, then one kernel). Counted in
+    counters.CONV."""
+    keep = (weight.shape[-1] - 1) * dilation
+    chosen = tail is None and x.shape[1] > 0 and is_fused(backend, x.device, weight.shape[-1])
+    registry.record("conv", chosen)
+    if chosen:
+        y = fused.fused_convs(prenorm(x), (weight.view(x.shape[-1], -1),), dilation)[0]
+        return y, reference.conv_tail(x, keep)
+    if tail is None:
+        tail = x.new_zeros(x.shape[0], keep, x.shape[-1])
+    inputs = torch.cat([tail.to(x.dtype), x], dim=1)
+    y = reference.dilated_short_conv(prenorm(inputs), weight.to(x.dtype), dilation, x.shape[1])
+    return y, inputs[:, inputs.shape[1] - keep :]
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
