@@ -72,6 +72,22 @@ def test_carried_state_continues_the_sequence():
     assert torch.equal(short_tail, torch.cat([torch.zeros(2, 1, 3), x[:, :2]], 1))
 
 
+def test_packed_plain_matches_the_loop_and_passes_gradcheck():
+    # The plain path of `convolve_packed` runs the slices as one channels-last conv: each slice's output
+    # is its own conv's (the float64 loop), and its gradients are the function's (central differences).
+    gen = torch.Generator().manual_seed(5)
+    B, T, C = 2, 6, 3
+    h = torch.randn(B, T, 3 * C + 2, dtype=torch.float64, generator=gen, requires_grad=True)
+    weights = tuple(torch.randn(C, 1, 4, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    *outs, rest = short_conv.convolve_packed(h, weights, "plain", (2,)).outs
+    for i, (out, w) in enumerate(zip(outs, weights, strict=True)):
+        assert torch.allclose(
+            out, loop_reference(h[..., i * C : (i + 1) * C].detach(), w[:, 0].detach()), rtol=0, atol=1e-12
+        )
+    assert torch.equal(rest, h[..., 3 * C :])
+    assert torch.autograd.gradcheck(lambda h, *w: short_conv.convolve_packed(h, w, "plain", (2,)).outs, (h, *weights))
+
+
 def test_fused_on_cpu_is_refused_through_the_ledger():
     assert ledger.SITES["conv.fused_unavailable"].kind is ledger.Kind.LOUD
     conv = make_conv()

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from dormouse import counters, ledger
 from dormouse.ops import registry
@@ -100,9 +101,10 @@ def convolve_packed(
     counts once in counters.CONV."""
     C, n = weights[0].shape[0], len(weights)
     if not is_fused(backend, packed.device, weights[0].shape[-1]):
-        *parts, rest_parts = packed.split([C] * n + [packed.shape[-1] - n * C], dim=-1)
-        outs = [short_conv(part, weight, None, backend)[0] for weight, part in zip(weights, parts, strict=True)]
-        return Convolved((*outs, *rest_parts.split(rest, dim=-1)), False, None)
+        for _ in weights:
+            registry.record("conv", False)
+        outs = _plain_packed(packed[..., : n * C], weights)
+        return Convolved((*outs, *packed[..., n * C :].split(rest, dim=-1)), False, None)
     for _ in weights:
         registry.record("conv", True)
     normed = norm > 0 and _is_power_of_two(head)
@@ -111,6 +113,18 @@ def convolve_packed(
     outs = fused.fused_convs(packed, flat, rest=rest, norm=norm if normed else 0, head=head, sinks=n_sinks)
     kept = n + len(rest)
     return Convolved(outs[:kept], normed, outs[kept:] or None)
+
+
+def _plain_packed(x: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`reference.short_conv` of each [C, 1, size] weight on its slice of x [B, T, n·C], from the sequence's
+    start, as one depthwise conv: a [B, n·C, 1, T] view of [B, T, n·C] is channels-last, which torch's conv
+    runs as it lies (the [B, C, T] layout of conv1d costs transposing copies each way on the CPU), and the
+    SiLU then runs on contiguous memory."""
+    keep, C = weights[0].shape[-1] - 1, weights[0].shape[0]
+    x = F.pad(x, (0, 0, keep, 0))  # the zeros before the start
+    w = torch.cat(weights).to(x.dtype).unsqueeze(2)  # [n·C, 1, 1, size]
+    y = F.conv2d(x.transpose(1, 2).unsqueeze(2), w, groups=w.shape[0]).squeeze(2).transpose(1, 2)
+    return F.silu(y).split(C, dim=-1)
 
 
 def dilated_short_conv(
