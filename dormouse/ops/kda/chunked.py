@@ -113,21 +113,29 @@ def _exact_chunks(q, k, v, G, beta, S):
     # through its pseudo-values U - W S: o = A_qk U + (q exp(G) - A_qk W) S.
     q_in = q * G.exp() - A_qk @ W
     k_out = k * (G[..., -1:, :] - G).exp()  # each key decayed to the chunk's end
-    chunk_decay = G[..., -1, :, None].exp()  # [N,B,H,K,1]
+    return _carry(A_qk, U, q_in, W, k_out, G[..., -1:, :].exp(), S)
+
+
+def _carry(A, U, q_in, W, k_out, chunk_decay, S):
+    """The chunks' outputs A U + q_in S_n and the final state, S_n the state carried into chunk n:
+    S_(n+1) = chunk_decay_n S_n + k_out_n^T (U_n - W_n S_n), chunk_decay [N,B,H,1,K]. The loop runs on
+    [B·H, ...] views, so each step is one mul and two fused multiply-adds (baddbmm)."""
+    N, B, H = U.shape[:3]
+    flat = (x.flatten(1, 2) for x in (U, W, k_out.transpose(-1, -2), chunk_decay.transpose(-1, -2)))
+    S = S.flatten(0, 1)
     states = []
     # unbind, not indexing: indexing's backward writes each chunk's gradient into a full-size zero tensor
-    for U_n, W_n, k_n, decay_n in zip(*(x.unbind(0) for x in (U, W, k_out, chunk_decay)), strict=True):
+    for U_n, W_n, k_n, decay_n in zip(*(x.unbind(0) for x in flat), strict=True):
         states.append(S)
-        S = decay_n * S + k_n.transpose(-1, -2) @ (U_n - W_n @ S)  # U - W S: what S does not yet predict
-    return A_qk @ U + q_in @ torch.stack(states), S
+        # U - W S: what S does not yet predict
+        S = torch.baddbmm(decay_n * S, k_n, torch.baddbmm(U_n, W_n, S, alpha=-1))
+    return A @ U + q_in @ torch.stack(states).unflatten(1, (B, H)), S.unflatten(0, (B, H))
 
 
 def _bounded_chunks(q, k, v, G, beta, S):
     """`_exact_chunks` for a chunk whose log-decay spans at most the budget: every decay factors through
     the chunk's middle row m, |G_i - G_m| at most half the budget, so the work is matmuls and each
-    full-size tensor takes one exp. With W' = W exp(-G_m) and S~ = exp(G_m) S (a row scaling of the
-    small state): o = A U + (q e^(G - G_m) - A W') S~, and the state's update is
-    exp(G_last) S + exp(G_last - G_m) (k e^(G_m - G))^T (U - W' S~)."""
+    full-size tensor takes one exp: W' = W exp(-G_m) = T_beta (k e^(G - G_m)), then as `_exact_chunks`."""
     C = G.shape[-2]
     G_m = G[..., C // 2 : C // 2 + 1, :]  # [N,B,H,1,K]
     G_last = G[..., -1:, :]
@@ -138,16 +146,8 @@ def _bounded_chunks(q, k, v, G, beta, S):
     # UT transform, as one inverse: (I + diag(beta) L)^-1 diag(beta) applied to k e^(G - G_m) and to v
     T_beta = torch.linalg.solve_triangular(beta[..., None] * L, torch.diag_embed(beta), upper=False, unitriangular=True)
     W_m, U = T_beta @ k_to, T_beta @ v
-    q_in = q_to - A @ W_m
-
-    into = G_m.exp().transpose(-1, -2)  # [N,B,H,K,1]: S~ = into * S
-    out_of = (G_last - G_m).exp().transpose(-1, -2)
-    chunk_decay = G_last.exp().transpose(-1, -2)
-    scaled = []
-    # unbind, not indexing: indexing's backward writes each chunk's gradient into a full-size zero tensor
-    per_chunk = (x.unbind(0) for x in (U, W_m, k_from, into, out_of, chunk_decay))
-    for U_n, W_n, k_n, into_n, out_n, decay_n in zip(*per_chunk, strict=True):
-        S_m = into_n * S
-        scaled.append(S_m)
-        S = decay_n * S + out_n * (k_n.transpose(-1, -2) @ (U_n - W_n @ S_m))  # U - W S: what S does not predict
-    return A @ U + q_in @ torch.stack(scaled), S
+    # The state's row scalings folded in: W = W' e^(G_m) = T_beta (k e^G), q_in e^(G_m) = q e^G - A W,
+    # k e^(G_m - G) e^(G_last - G_m) = k e^(G_last - G); every exponent here is within the budget.
+    into = G_m.exp()
+    W = W_m * into
+    return _carry(A, U, q_to * into - A @ W, W, k_from * (G_last - G_m).exp(), G_last.exp(), S)
