@@ -109,18 +109,19 @@ def _exact_chunks(q, k, v, G, beta, S):
     W, U = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True).split([K, v.shape[-1]], dim=-1)
     A_qk = _decayed_scores(q, k, G, strict=False)  # diagonal included: a token reads its own write
 
-    # A chunk's output reads the state carried into it, directly (q decayed from the chunk's start) and
-    # through its pseudo-values U - W S: o = A_qk U + (q exp(G) - A_qk W) S.
-    q_in = q * G.exp() - A_qk @ W
     k_out = k * (G[..., -1:, :] - G).exp()  # each key decayed to the chunk's end
-    return _carry(A_qk, U, q_in, W, k_out, G[..., -1:, :].exp(), S)
+    return _carry(A_qk, U, q * G.exp(), W, k_out, G[..., -1:, :].exp(), S)
 
 
-def _carry(A, U, q_in, W, k_out, chunk_decay, S):
-    """The chunks' outputs A U + q_in S_n and the final state, S_n the state carried into chunk n:
-    S_(n+1) = chunk_decay_n S_n + k_out_n^T (U_n - W_n S_n), chunk_decay [N,B,H,1,K]. The loop runs on
-    [B·H, ...] views, so each step is one mul and two fused multiply-adds (baddbmm)."""
+def _carry(A, U, q_e, W, k_out, chunk_decay, S):
+    """The chunks' outputs and the final state, S_n the state carried into chunk n: a chunk's output reads
+    it directly (q_e: q decayed from the chunk's start) and through its pseudo-values U - W S_n, so
+    o = A U + (q_e - A W) S_n; S_(n+1) = chunk_decay_n S_n + k_out_n^T (U_n - W_n S_n), chunk_decay
+    [N,B,H,1,K]. The matmuls run on [N·B·H, ...] and [B·H, ...] views, the adds inside them (baddbmm):
+    each step of the loop is one mul and two fused multiply-adds."""
     N, B, H = U.shape[:3]
+    flat_A = A.flatten(0, 2)
+    q_in = torch.baddbmm(q_e.flatten(0, 2), flat_A, W.flatten(0, 2), alpha=-1)
     flat = (x.flatten(1, 2) for x in (U, W, k_out.transpose(-1, -2), chunk_decay.transpose(-1, -2)))
     S = S.flatten(0, 1)
     states = []
@@ -129,7 +130,8 @@ def _carry(A, U, q_in, W, k_out, chunk_decay, S):
         states.append(S)
         # U - W S: what S does not yet predict
         S = torch.baddbmm(decay_n * S, k_n, torch.baddbmm(U_n, W_n, S, alpha=-1))
-    return A @ U + q_in @ torch.stack(states).unflatten(1, (B, H)), S.unflatten(0, (B, H))
+    o = torch.baddbmm(flat_A @ U.flatten(0, 2), q_in, torch.stack(states).flatten(0, 1))
+    return o.unflatten(0, (N, B, H)), S.unflatten(0, (B, H))
 
 
 def _bounded_chunks(q, k, v, G, beta, S):
@@ -146,8 +148,8 @@ def _bounded_chunks(q, k, v, G, beta, S):
     # UT transform, as one inverse: (I + diag(beta) L)^-1 diag(beta) applied to k e^(G - G_m) and to v
     T_beta = torch.linalg.solve_triangular(beta[..., None] * L, torch.diag_embed(beta), upper=False, unitriangular=True)
     W_m, U = T_beta @ k_to, T_beta @ v
-    # The state's row scalings folded in: W = W' e^(G_m) = T_beta (k e^G), q_in e^(G_m) = q e^G - A W,
+    # The state's row scalings folded in: W = W' e^(G_m) = T_beta (k e^G), q e^(G - G_m) e^(G_m) = q e^G,
     # k e^(G_m - G) e^(G_last - G_m) = k e^(G_last - G); every exponent here is within the budget.
     into = G_m.exp()
     W = W_m * into
-    return _carry(A, U, q_to * into - A @ W, W, k_from * (G_last - G_m).exp(), G_last.exp(), S)
+    return _carry(A, U, q_to * into, W, k_from * (G_last - G_m).exp(), G_last.exp(), S)
