@@ -13,7 +13,8 @@ Under autograd the KDA layer convolves q, k and v as three slices of its one pac
 and writes their gradients, and the rest of the projection's, into one tensor shaped as the projection, so
 its backward needs no cat of six gradients. The launch also L2-normalises q and k over each head (fla's
 l2norm, which chunk_kda would otherwise run on them: `Convolved.normed` says so, and the KDA op then
-tells fla not to), keeping each head's 1 / norm for the backward.
+tells fla not to), keeping each head's 1 / norm for the backward. The plain path runs the three as one
+depthwise conv over a channels-last view of the [B, T, 3C] slice (`_plain_packed`), the same function.
 
 The engram's conv (`dilated_short_conv`) spaces its taps `dilation` apart and takes its RMSNorm as a
 fused input: the norm of the new positions alone, then the kernel, on the fused path.
