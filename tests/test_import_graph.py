@@ -14,6 +14,7 @@ run on the way to its modules, is no edge of its own: the edge goes to the modul
 """
 
 import ast
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,8 +234,6 @@ def unresolved_imports(paths: list[Path]) -> list[str]:
     """Each `import dormouse.…` / `from dormouse.… import name` in `paths` that names no module or
     attribute, as "path:line: what": GPU tests and bench scripts run only where CI does not, so their
     imports are checked here, on any machine."""
-    import importlib
-
     missing = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
