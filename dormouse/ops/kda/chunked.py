@@ -109,8 +109,9 @@ def _exact_chunks(q, k, v, G, beta, S):
     W, U = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True).split([K, v.shape[-1]], dim=-1)
     A_qk = _decayed_scores(q, k, G, strict=False)  # diagonal included: a token reads its own write
 
-    k_out = k * (G[..., -1:, :] - G).exp()  # each key decayed to the chunk's end
-    return _carry(A_qk, U, q * G.exp(), W, k_out, G[..., -1:, :].exp(), S)
+    G_last = G[..., -1:, :]
+    k_out = k * (G_last - G).exp()  # each key decayed to the chunk's end
+    return _carry(A_qk, U, q * G.exp(), W, k_out, G_last.exp(), S)
 
 
 def _carry(A, U, q_e, W, k_out, chunk_decay, S):
