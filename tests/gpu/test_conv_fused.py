@@ -28,10 +28,9 @@ if kernels is None:
 import float64_references as f64  # noqa: E402 (tests/float64_references.py)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.ops.norm.reference import l2norm  # noqa: E402
-from dormouse.resolve import resolve  # noqa: E402
+from gpu.models import nano_on_cuda  # noqa: E402 (tests/gpu/models.py)
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (2.0**-8, 2.0**-8, 1e-5)}  # (y, dx, dw)
 
@@ -159,7 +158,7 @@ def test_packed_convs_fused_against_the_plain_path(norm):
 
 
 def test_model_on_cuda_runs_every_conv_fused():
-    cfg = resolve(build("nano"), cuda_available=True)
+    cfg = nano_on_cuda()
     assert cfg.model.conv_backend == "fused"
     model = DormouseLM(cfg.model, seed=0).cuda()
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()

@@ -23,12 +23,11 @@ if gate_fused.fused_kernels()[0] is None:
 from float64_references import gate_grads  # noqa: E402 (tests/float64_references.py)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build  # noqa: E402
 from dormouse.model.init import linear, normal_init_  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.model.norm import RMSNorm  # noqa: E402
 from dormouse.ops import projections  # noqa: E402
-from dormouse.resolve import resolve  # noqa: E402
+from gpu.models import nano_on_cuda  # noqa: E402 (tests/gpu/models.py)
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-8}
 EPS = 1e-6
@@ -102,7 +101,7 @@ def test_fused_is_no_worse_than_plain_in_bf16():
 
 
 def test_model_on_cuda_runs_the_gate_fused_and_matches_plain():
-    cfg = resolve(build("nano"), cuda_available=True)
+    cfg = nano_on_cuda()
     assert cfg.model.engram and cfg.model.norm_backend == "fused"
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
     results = {}

@@ -1,5 +1,5 @@
-"""On CUDA with fla: every fla kernel reads the committed pin, and the recipe's shape (`small`'s
-widths, its T and B, bf16, engram off: read from configs/tinyshakespeare.toml; its dropout chooses no kernel)
+"""On CUDA with fla: every fla kernel reads the committed pin, and the recipe
+(configs/tinyshakespeare.toml, 3 steps in bf16)
 trains and evaluates with no kernel chosen by timing. Choices timed per process give one config
 different numbers from run to run (five layer-norm kernels alone): this is what must not happen.
 Skipped without CUDA or fla."""
@@ -34,15 +34,10 @@ def test_every_fla_autotuner_reads_the_pin():
 
 def test_the_recipes_shape_chooses_no_kernel_by_timing(random_corpus, tmp_path):
     fla_pin.count_unpinned()  # choices of earlier tests in this process are theirs
-    recipe = config.load_toml(Path(__file__).parents[2] / "configs/tinyshakespeare.toml")["train"]
-    shape = {"seq_len": recipe["seq_len"], "batch_size": recipe["batch_size"]}
-    cfg = config.build(
-        "small",
-        {
-            "model": {"engram": False, "dropout": 0.2},
-            "train": {**shape, "steps": 3, "eval_every": 3, "dtype": "bf16"},
-        },
-    )
+    values = config.load_toml(Path(__file__).parents[2] / "configs/tinyshakespeare.toml")
+    overrides = config.toml_overrides(values, "recipe")
+    overrides["train"].update(steps=3, eval_every=3, dtype="bf16")
+    cfg = config.build(values["preset"], overrides)
     corpus = load_corpus(random_corpus(40000, repeats=2))
     Trainer(resolve(cfg), corpus, tmp_path / "run", corpus_note="test corpus").run_loop()
     assert fla_pin.count_unpinned() == 0

@@ -31,7 +31,15 @@ def records(run, kind):
 AUX = {"jepa_weight": 0.2, "dspark_weight": 0.2, "engram_layers": "0,1"}
 # `small`'s widths at T 256, B 64 (the quality runs' shape): fla's kernels are the ones those runs
 # compiled and pinned, so the tests do not autotune for minutes on a cold machine.
-SHAPE = {"d_model": 512, "n_heads": 8, "head_dim": 64, "block_layers": 2, "ffn_hidden": 1536, "engram_rows": 4096}
+SHAPE = {
+    "d_model": 512,
+    "n_heads": 8,
+    "head_dim": 64,
+    "block_layers": 2,
+    "ffn_hidden": 1536,
+    "engram": True,
+    "engram_rows": 4096,
+}
 
 
 def graphed_trainer(random_corpus, run) -> Trainer:
@@ -43,7 +51,7 @@ def graphed_trainer(random_corpus, run) -> Trainer:
 
 
 # bf16 autocast, and fp32 weights on TF32 kernels; not IEEE fp32, whose Triton kernels take ~4 minutes
-# to compile and autotune on a cold machine (benches/logs/2026-12-02-h200-session4/gate-fp32.log). Dropout:
+# to compile and autotune on a cold machine. Dropout:
 # the captured masks come from a registered generator reseeded per step, the eager ones from a fresh one.
 # The weight average swaps itself into the captured parameters for each eval and back (in place); byte
 # noise changes the batch before it is copied into the graph's inputs.

@@ -18,11 +18,10 @@ if fla_kernels.rms_norm()[0] is None:
     pytest.skip(f"needs fla-core (extra `gpu`): {fla_kernels.rms_norm()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 from dormouse.model.norm import GatedRMSNorm, RMSNorm  # noqa: E402
 from dormouse.ops import passes  # noqa: E402
-from dormouse.resolve import resolve  # noqa: E402
+from gpu.models import nano_on_cuda  # noqa: E402 (tests/gpu/models.py)
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2.0**-8, 1e-2)}  # (output, gradients)
 
@@ -63,7 +62,7 @@ def test_fused_equals_plain(dtype, shape):
 
 
 def test_model_on_cuda_runs_every_norm_fused():
-    cfg = resolve(build("nano"), cuda_available=True)
+    cfg = nano_on_cuda()
     assert cfg.model.norm_backend == "fused"
     model = DormouseLM(cfg.model, seed=0).cuda()
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
@@ -140,7 +139,7 @@ def test_add_and_norm_fused_against_plain(shape, flagged):
 
 
 def test_the_model_step_with_the_flags_off_differs_by_roundings():
-    cfg = resolve(build("nano"), cuda_available=True)
+    cfg = nano_on_cuda()
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
     results = []
     for flags in (True, False):

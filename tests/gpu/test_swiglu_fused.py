@@ -20,12 +20,11 @@ if swiglu.fused_kernels()[0] is None:
     pytest.skip(f"needs Triton (extra `gpu`): {swiglu.fused_kernels()[1]}", allow_module_level=True)
 
 from dormouse import counters, rng  # noqa: E402
-from dormouse.config import build  # noqa: E402
 from dormouse.model.model import DormouseLM  # noqa: E402
 
 # fla through dormouse, never directly: fla reads the kernel pin's variables once, at its import.
 from dormouse.ops.fla import kernels as fla_kernels  # noqa: E402
-from dormouse.resolve import resolve  # noqa: E402
+from gpu.models import nano_on_cuda  # noqa: E402 (tests/gpu/models.py)
 
 TOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8}
 
@@ -102,7 +101,7 @@ def test_fused_pair_equals_the_packed_forward(dtype):
 
 
 def test_model_on_cuda_runs_every_swiglu_fused_and_matches_plain():
-    cfg = resolve(build("nano"), cuda_available=True)
+    cfg = nano_on_cuda()
     assert cfg.model.swiglu_backend == "fused"
     ids = torch.randint(0, 256, (2, 64), generator=rng.generator(0, 0, "test")).cuda()
     results = {}
