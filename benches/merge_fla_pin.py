@@ -1,6 +1,9 @@
-"""Merge fla kernel choices dumped on the device (DORMOUSE_FLA_DUMP, fla's file format) into the pin.
+"""Merge fla kernel choices dumped on the device (DORMOUSE_FLA_DUMP, fla's file format) into a card's pin.
 
-    python benches/merge_fla_pin.py <dump dir> [dormouse/ops/fla/configs/NVIDIA_H200]
+    python benches/merge_fla_pin.py <dump dir> dormouse/ops/fla/configs/<card>
+
+A new card's pin starts as `dormouse tune --into <empty dir>` on that card (every kernel timed there);
+merged into dormouse/ops/fla/configs/<card>/, with the card's compute capability in pin.PIN_CAPABILITY.
 
 Entries already pinned are kept as they are, in their order (the pin is never re-decided). A dumped
 choice is added only where the pin did not make it: its key has no entry, and the entry fla's fuzzy
@@ -16,8 +19,6 @@ import sys
 from pathlib import Path
 
 from dormouse.ops.fla.pin import UNPINNED_FILE
-
-PIN = Path(__file__).resolve().parents[1] / "dormouse/ops/fla/configs/NVIDIA_H200"
 
 
 def _fuzzy(cached, requested) -> bool:
@@ -67,7 +68,9 @@ def merge(dump: Path, pin: Path) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    dump = Path(sys.argv[1])
-    pin = Path(sys.argv[2]) if len(sys.argv) > 2 else PIN
+    if len(sys.argv) != 3:
+        sys.exit("usage: python benches/merge_fla_pin.py <dump dir> dormouse/ops/fla/configs/<card>")
+    dump, pin = Path(sys.argv[1]), Path(sys.argv[2])
+    pin.mkdir(exist_ok=True)
     for name, n in merge(dump, pin).items():
         print(f"{name}: {n} added")

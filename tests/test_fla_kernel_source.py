@@ -38,12 +38,25 @@ def test_every_committed_pin_has_its_cards_capability():
     assert set(fla_pin.PIN_CAPABILITY) == {p.name for p in CONFIG_ROOT.iterdir() if p.is_dir()}
 
 
-def test_a_card_with_its_own_pin_reads_it_and_keeps_nothing(tmp_path):
+def test_a_card_with_its_own_pin_reads_it_through_its_user_cache(tmp_path):
+    """The pin first, then what this card timed beyond it (a kernel or dtype the pin lacks): kept, not borrowed."""
+    cache = tmp_path / ".cache/dormouse/kernels/NVIDIA_H200"
+    kernel = "l2norm_fwd_kernel"
+    cache.mkdir(parents=True)
+    (cache / f"{kernel}.json").write_text(
+        json.dumps({"kernel_name": kernel, "autotune_entries": {"own": entry([7], 8)}})
+    )
     source = kernel_source("NVIDIA H200", (9, 0), {"HOME": str(tmp_path)}, PINS)
-    assert (source.rule, source.read, source.store) == ("pin", H200, None)
+    assert (source.rule, source.read, source.store, source.pin) == ("pin", cache, cache, H200)
+    assert (
+        source.note
+        == f"fla kernel configs: pinned from {H200} through {cache}, which keeps what this card times beyond the pin"
+    )
     env, hooks, borrowed = applied(source)
-    assert env == {"FLA_CONFIG_DIR": str(H200), "FLA_CACHE_MODE": "fuzzy"} and hooks == [] and borrowed == 0
-    assert not (tmp_path / ".cache").exists()
+    assert env == {"FLA_CONFIG_DIR": str(cache), "FLA_CACHE_MODE": "fuzzy"} and borrowed == 0
+    assert hooks == [(fla_pin.store_new_choices, (cache,))]
+    pinned = json.loads((H200 / f"{kernel}.json").read_text())["autotune_entries"]
+    assert list(json.loads((cache / f"{kernel}.json").read_text())["autotune_entries"]) == [*pinned, "own"]
 
 
 def test_a_card_of_the_same_capability_borrows_the_pin_through_its_user_cache(tmp_path):
@@ -59,7 +72,7 @@ def test_a_card_of_the_same_capability_borrows_the_pin_through_its_user_cache(tm
     (cache / f"{kernel}.json").write_text(json.dumps({"kernel_name": kernel, "autotune_entries": own}))
 
     source = kernel_source("Fake GPU X9", (9, 0), home, {**PINS, "Fake_GPU_A": (8, 0)})
-    assert (source.rule, source.read, source.store, source.borrowed) == ("borrowed", cache, cache, H200)
+    assert (source.rule, source.read, source.store, source.pin) == ("borrowed", cache, cache, H200)
     assert "\n" not in source.note
     assert f"no pin for Fake GPU X9; borrowed from NVIDIA_H200 (same compute capability 9.0) through {cache}" in (
         source.note
@@ -89,7 +102,7 @@ def test_another_capability_reads_its_user_cache_else_autotunes_once_into_it(tmp
     home = {"HOME": str(tmp_path)}
     cache = tmp_path / ".cache/dormouse/kernels/Fake_GPU_Y8"
     source = kernel_source("Fake GPU Y8", (8, 9), home, PINS)
-    assert (source.rule, source.read, source.store, source.borrowed) == ("autotune", cache, cache, None)
+    assert (source.rule, source.read, source.store, source.pin) == ("autotune", cache, cache, None)
     assert "\n" not in source.note and "Triton times each fla kernel on its first use, which may take minutes" in (
         source.note
     )
@@ -133,9 +146,9 @@ def test_no_cuda_device_reads_and_keeps_nothing(tmp_path):
 
 
 def test_the_header_line_and_the_ledger_on_a_card_that_borrows(tmp_path, monkeypatch):
-    # Through pin_note, as the trainer's header calls it: torch says a fake card of capability 9.0.
+    # Through pin_note, as the trainer's header calls it: torch says a card of capability 9.0 with no pin of its own.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU X9")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200 NVL")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG", "FLA_FLASH_KDA", fla_pin.DUMP_ENV):
         monkeypatch.setenv(name, "")  # recorded, so that the undo removes what pin_note sets
@@ -148,8 +161,8 @@ def test_the_header_line_and_the_ledger_on_a_card_that_borrows(tmp_path, monkeyp
     ledger.COUNTS.clear()
 
     note = fla_pin.pin_note()
-    cache = tmp_path / "dormouse/kernels/Fake_GPU_X9"
-    assert note.startswith("fla kernel configs: no pin for Fake GPU X9; borrowed from NVIDIA_H200 (same compute")
+    cache = tmp_path / "dormouse/kernels/NVIDIA_H200_NVL"
+    assert note.startswith("fla kernel configs: no pin for NVIDIA H200 NVL; borrowed from NVIDIA_H200 (same compute")
     assert "\n" not in note and fla_pin.pin_note() is note  # once a process
     assert ledger.counted_summary() == "1(fla.borrowed_pin:1)"
     assert hooks == [(fla_pin.store_new_choices, (cache,))]

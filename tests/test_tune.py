@@ -85,11 +85,14 @@ def test_tune_into_a_folder_reads_it_and_refuses_the_users_fla_variables(fake_ca
     assert "unset yours, or drop --into" in capsys.readouterr().err
 
 
-def test_tune_on_a_card_with_its_own_pin_writes_nothing(fake_card, capsys, monkeypatch):
-    pin = fla_pin.KernelSource("pin", fla_pin.CONFIG_ROOT / "Fake_GPU_Y8", None, None, "pinned from X")
-    monkeypatch.setattr(fla_pin, "applied_source", lambda: pin)
+def test_tune_under_the_users_fla_variables_writes_nothing(fake_card, capsys, monkeypatch):
+    user = fla_pin.KernelSource("user", None, None, None, "FLA_CONFIG_DIR=/mine (set by the user)")
+    monkeypatch.setattr(fla_pin, "applied_source", lambda: user)
     monkeypatch.setattr(fla_pin, "unpinned_choices", lambda: iter([("k", (1,), None, None)]))
     assert main(["tune", "--preset", "nano", *TORCH_KERNELS]) == 0
     assert [what[0] for what in fake_card] == ["trainer", "step", "step", "eval"]
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == "tune: nothing written (pinned from X); 1 kernel choices were not in those files"
+    assert (
+        last
+        == "tune: nothing written (FLA_CONFIG_DIR=/mine (set by the user)); 1 kernel choices were not in those files"
+    )

@@ -6,9 +6,9 @@ the fastest. A choice made by a timing race can differ between runs and machines
 sizes sum in a different order, so losses would differ too. fla can read kernel choices from JSON
 files instead (fla/ops/utils/cache.py: `FLA_CONFIG_DIR`, `FLA_CACHE_MODE`); dormouse commits those
 files under `dormouse/ops/fla/configs/<GPU>/` and points fla at them before fla is first imported.
-Which folder fla reads on a card is `kernel_source`'s choice: the card's pin, else a pin of a card of
-the same compute capability, else the card's user cache (~/.cache/dormouse/kernels/<GPU>/), where
-the choices Triton makes on that card are kept at exit (`store_new_choices`).
+fla reads the card's user cache (~/.cache/dormouse/kernels/<GPU>/, `kernel_source`) with a pin merged in
+first: the card's own, else one of a card of the same compute capability. The choices Triton makes on
+that card for kernels the files lack are kept there at exit (`store_new_choices`): timed once a machine.
 
 A (kernel, key) the files do not cover is still autotuned by Triton (or read from Triton's own disk
 cache). fla's fuzzy mode keeps new shapes of a known kernel pinned (see `_apply`). Anything else is
@@ -46,7 +46,7 @@ BORROWED = ledger.register(
 CONFIG_ROOT = Path(__file__).with_name("configs")
 # The compute capability of each committed pin's card (a folder of CONFIG_ROOT): a card without a pin of
 # its own borrows one of its capability (`kernel_source`). tests/test_fla_pin.py keeps this and the folders equal.
-PIN_CAPABILITY: dict[str, tuple[int, int]] = {"NVIDIA_H200": (9, 0)}
+PIN_CAPABILITY: dict[str, tuple[int, int]] = {"NVIDIA_H100_80GB_HBM3": (9, 0), "NVIDIA_H200": (9, 0)}
 DUMP_ENV = "DORMOUSE_FLA_DUMP"
 UNPINNED_FILE = "unpinned.json"  # beside the dumped choices: merge_fla_pin.py skips it
 # (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
@@ -70,7 +70,7 @@ class KernelSource(NamedTuple):
     rule: str  # user (FLA_* set by the user), none (no CUDA), pin, borrowed, cache, autotune
     read: Path | None  # fla's FLA_CONFIG_DIR; None: left to the user, or nothing to read
     store: Path | None  # the user cache: choices fla's lookup did not make are added here at exit
-    borrowed: Path | None  # rule borrowed: the other card's pin, merged into `store` before fla reads it
+    pin: Path | None  # rules pin and borrowed: the committed pin merged into `store` before fla reads it
     note: str  # one line for the run header
 
 
@@ -101,9 +101,10 @@ def kernel_source(
     cached: Callable[[Path], bool] = has_choices,
 ) -> KernelSource:
     """Where fla's kernel choices come from on card `card` (torch's device name) of compute `capability`,
-    in order: FLA_CONFIG_DIR or FLA_CACHE_MODE set by the user in `env`; the committed pin of this card;
-    a committed pin of the same capability (`nearest_pin`), through the user cache; the user cache, if
-    it holds choices (`cached`); else the user cache, empty: Triton times every kernel once."""
+    in order: FLA_CONFIG_DIR or FLA_CACHE_MODE set by the user in `env`; the committed pin of this card,
+    through the user cache (a kernel or dtype the pin lacks is timed once and kept there); a committed
+    pin of the same capability (`nearest_pin`), the same way; the user cache, if it holds choices
+    (`cached`); else the user cache, empty: Triton times every kernel once."""
     if "FLA_CACHE_MODE" in env or "FLA_CONFIG_DIR" in env:
         mode, folder = env.get("FLA_CACHE_MODE", "-"), env.get("FLA_CONFIG_DIR", "-")
         return KernelSource(
@@ -116,10 +117,11 @@ def kernel_source(
     if card is None:
         return KernelSource("none", None, None, None, "fla kernel configs: no CUDA device, none read")
     name, cc = gpu_dir_name(card), ".".join(map(str, capability))
+    cache = user_cache_dir(card, env)
     if name in pins:
         pin = CONFIG_ROOT / name
-        return KernelSource("pin", pin, None, None, f"fla kernel configs: pinned from {pin} (FLA_CACHE_MODE=fuzzy)")
-    cache = user_cache_dir(card, env)
+        note = f"fla kernel configs: pinned from {pin} through {cache}, which keeps what this card times beyond the pin"
+        return KernelSource("pin", cache, cache, pin, note)
     kin = nearest_pin(card, capability, pins)
     if kin is not None:
         note = (
@@ -144,8 +146,9 @@ def kernel_source(
 def _apply(source: KernelSource, env, at_exit: Callable) -> str:
     """Point fla at `source` through `env` (before fla's import: fla reads FLA_CACHE_MODE then) and keep
     the choices it does not make in its user cache at exit; returns the header's note."""
-    if source.borrowed is not None:
-        merge_pin(source.borrowed, source.store)
+    if source.pin is not None:
+        merge_pin(source.pin, source.store)
+    if source.rule == "borrowed":
         ledger.count(BORROWED)
     if source.read is not None:
         # fuzzy: a shape the files have not seen takes the entry of the same kernel, dtypes and structure
