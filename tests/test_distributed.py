@@ -43,6 +43,20 @@ REL, ABS = 1e-5, 1e-5
 # halves of each gradient after each rank summed its B/2 rows (the Sinkhorn gather, the clip's norm and the
 # weight update are exact given the gradient). Measured over the 4 steps here: losses within 2e-7 relative,
 # every weight within 6.3e-7 absolute of one process (DDP's numbers): the same tolerance.
+# Adam's step divides by the gradient's own scale, so an element whose gradient nearly cancels (a few
+# ulps from its eps) turns a last-bit difference into a step of up to lr: measured, one engram-table
+# element of 49,152 within 2.4e-6 here, past 1e-5 on another CPU. Such elements are allowed, at most one in
+# 10,000 of a tensor and each within the steps' bound, 2 * lr * steps.
+ADAM_TIES = 1e-4
+
+
+def assert_weights_close(got: dict, want: dict, run: str = "") -> None:
+    """Every weight within REL/ABS of one process's, but for Adam's near-cancelling elements (above)."""
+    bound = 2 * TRAIN["steps"] * tiny_config().train.lr
+    for name, value in want.items():
+        off = ~torch.isclose(got[name], value, rtol=REL, atol=ABS)
+        assert int(off.sum()) <= ADAM_TIES * value.numel(), f"{run} {name}: {int(off.sum())} elements differ"
+        torch.testing.assert_close(got[name], value, rtol=0, atol=bound, msg=f"{run} {name}")
 
 
 def as_flags(values: dict) -> list[str]:
@@ -178,9 +192,7 @@ def test_ddp_on_two_ranks_equals_one_process_on_the_same_global_batch(runs):
     # Every rank holds the same replica, bit for bit, the engram tables included.
     assert ranks[0].keys() == ranks[1].keys()
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), "replicas differ"
-    state = single.model.state_dict()
-    for name, value in state.items():
-        torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=name)
+    assert_weights_close(ranks[0], single.model.state_dict())
     log = (run / "train.log").read_text()
     assert log.count("\nparallel: ddp, 2 ranks (gloo)") == 1 and log.count("eval step=4 ") == 1
 
@@ -203,8 +215,7 @@ def test_the_weight_average_under_ddp_is_one_processs_on_every_rank(runs, corpus
     averages = [torch.load(out / f"ema-{r}.pt", weights_only=True) for r in (0, 1)]
     assert averages[0].keys() == single.ema.state_dict().keys()
     assert all(torch.equal(averages[0][k], averages[1][k]) for k in averages[0]), "averages differ"
-    for name, value in single.ema.state_dict().items():
-        torch.testing.assert_close(averages[0][name], value, rtol=REL, atol=ABS, msg=name)
+    assert_weights_close(averages[0], single.ema.state_dict())
     evals_ddp, evals_one = records(out / "ema", "eval"), records(single.run, "eval")
     assert [e["weights"] for e in evals_ddp] == [f"ema{EMA_DECAY:g}"] * 2
     assert [e["bpb"] for e in evals_ddp] == pytest.approx([e["bpb"] for e in evals_one], rel=REL)
@@ -224,8 +235,7 @@ def test_per_sequence_terms_under_ddp_and_fsdp_are_one_processs(runs, corpus, tm
     for run in (name, f"fsdp-{name}"):
         ranks = [torch.load(out / f"{run}-{r}.pt", weights_only=True) for r in (0, 1)]
         assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), f"{run}: replicas differ"
-        for name, value in state.items():
-            torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=f"{run} {name}")
+        assert_weights_close(ranks[0], state, run)
         assert [r["ce"] for r in records(out / run, "train")] == pytest.approx([r["ce"] for r in one], rel=REL)
         evals, evals_one = records(out / run, "eval"), records(single.run, "eval")
         for term in ("bpb", *terms):
@@ -307,8 +317,7 @@ def test_fsdp_on_two_ranks_equals_one_process_on_the_same_global_batch(runs):
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), "gathered states differ"
     state = single.model.state_dict()
     assert ranks[0].keys() == state.keys()
-    for name, value in state.items():
-        torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=name)
+    assert_weights_close(ranks[0], state)
     facts = [read_json(out / f"fsdp-{r}.json") for r in (0, 1)]
     # The matrices and their momentum buffers are sharded on their rows; the clip's norm is global.
     assert all(local * 2 == rows for rows, local in facts[0]["rows"]), facts[0]["rows"]
@@ -328,8 +337,7 @@ def test_fsdp_steps_where_parameters_get_no_gradient_as_ddp_does(runs):
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), "gathered states differ"
     ddp = torch.load(out / "unused-0.pt", weights_only=True)
     assert ranks[0].keys() == ddp.keys()
-    for name, value in ddp.items():
-        torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=name)
+    assert_weights_close(ranks[0], ddp)
     fsdp_ce, ddp_ce = records(out / "fsdp-unused", "train"), records(out / "unused", "train")
     assert [r["ce"] for r in fsdp_ce] == pytest.approx([r["ce"] for r in ddp_ce], rel=REL)
     fsdp_evals, ddp_evals = records(out / "fsdp-unused", "eval"), records(out / "unused", "eval")
@@ -349,8 +357,7 @@ def test_fsdp_shards_matrices_whose_rows_do_not_divide_by_the_world_size(runs, c
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0]), "gathered states differ"
     ddp = torch.load(out / "odd-0.pt", weights_only=True)
     assert ranks[0].keys() == ddp.keys()
-    for name, value in ddp.items():
-        torch.testing.assert_close(ranks[0][name], value, rtol=REL, atol=ABS, msg=name)
+    assert_weights_close(ranks[0], ddp)
     one, two = records(single.run, "train"), records(out / "fsdp-odd", "train")
     assert [r["ce"] for r in two] == pytest.approx([r["ce"] for r in one], rel=REL)
 
