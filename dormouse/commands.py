@@ -197,6 +197,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 # the run's precision (bf16: autocast), as its training evals scored: the same number
                 autocast=lambda: precision.autocast(t.dtype, device),
                 depth=depth,
+                progress=True,
             )
             record = eval_record(
                 ck.step,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from dormouse import counters, ledger, metrics
 from dormouse.data.sampler import count_heldout_targets, heldout_windows
@@ -30,6 +31,7 @@ from dormouse.parallel.fsdp import is_sharded
 from dormouse.parallel.world import World
 
 ALONE = World()  # one process: every collective is the identity
+PROGRESS_AFTER_S = 2.0  # an eval shorter than this shows no bar
 AUX_TERMS = ("dspark", "jepa")  # the auxiliary objectives the eval scores on the held-out windows
 
 
@@ -61,9 +63,11 @@ def heldout_score(
     autocast,
     world: World = ALONE,
     depth: int | None = None,
+    progress: bool = False,
 ):
     """Mean cross-entropy over the held-out walk; refuses a non-finite result. `depth` runs fewer loop
-    iterations than the model's (`dormouse eval --depth`); None is the full depth.
+    iterations than the model's (`dormouse eval --depth`); None is the full depth. `progress`: a bar on
+    stderr once the walk has taken `PROGRESS_AFTER_S` (a whole split on a CPU takes minutes).
 
     Under data parallelism rank r scores the walk's batches i with i mod W = r; the per-batch sums are
     all-reduced and added in batch order on every rank, the additions one process makes: the same
@@ -75,7 +79,18 @@ def heldout_score(
     model.eval()
     m, weights = model.cfg, model.aux_weights()
     mine, engram, batches, x = {}, None, 0, None
-    for i, (x, y) in enumerate(heldout_windows(corpus, seq_len, batch_size, eval_bytes or None)):
+    targets = count_heldout_targets(corpus, eval_bytes or None)
+    walk = tqdm(
+        heldout_windows(corpus, seq_len, batch_size, eval_bytes or None),
+        total=-(-(targets // seq_len) // batch_size) + (targets % seq_len > 0),
+        desc="eval",
+        unit="batch",
+        dynamic_ncols=True,
+        leave=False,
+        delay=PROGRESS_AFTER_S,
+        disable=not (progress and world.is_main),
+    )
+    for i, (x, y) in enumerate(walk):
         batches = i + 1
         if i % world.size != world.rank:
             continue
@@ -103,9 +118,8 @@ def heldout_score(
         total += nats
         scored += int(count)
         aux_sums = [a + b for a, b in zip(aux_sums, aux, strict=True)]
-    expected = count_heldout_targets(corpus, eval_bytes or None)
-    if scored != expected:
-        raise AssertionError(f"held-out walk scored {scored} bytes, expected {expected}")
+    if scored != targets:
+        raise AssertionError(f"held-out walk scored {scored} bytes, expected {targets}")
     ce = total / scored
     if not math.isfinite(ce):
         raise NonFiniteError(f"held-out cross-entropy is {ce} over {scored} bytes: not a score")

@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from dormouse import checkpoint, config
+from dormouse import checkpoint, config, evaluation
 from dormouse.cli import main
 from dormouse.data.shards import load_corpus
 from dormouse.errors import DormouseError
@@ -223,6 +223,19 @@ def test_weight_average_is_what_evals_score_resumes_bitwise_and_eval_loads(corpu
     assert main(["eval", str(tmp_path / "whole"), "--ckpt", "last"]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("eval ")][0]
     assert f" bpb={last['bpb']:.4f} " in line and " weights=ema0.8 " in line
+
+
+def test_a_long_eval_shows_a_bar_of_the_walks_batches_and_scores_the_same(corpus, tmp_path, monkeypatch, capsys):
+    trainer = fresh(tiny_config(steps=1), corpus, tmp_path / "r")
+    t = trainer.cfg.train
+    score = {"seq_len": t.seq_len, "batch_size": t.batch_size, "eval_bytes": 0, "device": "cpu"}
+    quiet = heldout_score(trainer.model, corpus, **score, autocast=contextlib.nullcontext).ce
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(evaluation, "PROGRESS_AFTER_S", 0.0)
+    shown = heldout_score(trainer.model, corpus, **score, autocast=contextlib.nullcontext, progress=True).ce
+    assert shown == quiet
+    # 1,200 held-out bytes: 1,199 targets = 37 windows of 32 in 10 batches of 4, then the 15-byte tail
+    assert re.search(r"eval: +100%.* 11/11 ", capsys.readouterr().err.replace("\r", "\n"))
 
 
 def test_refuses_to_overwrite_a_run(corpus, tmp_path):

@@ -61,6 +61,7 @@ class Evaluator:
                 device=self.device,
                 autocast=self.autocast,
                 world=self.world,
+                progress=True,
             )
         record = eval_record(
             step,
