@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dormouse import counters, ledger, metrics
-from dormouse.data.sampler import count_heldout_targets, heldout_windows
+from dormouse.data.sampler import count_heldout_batches, count_heldout_targets, heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import DormouseError
 from dormouse.model import dspark, jepa
@@ -79,10 +79,9 @@ def heldout_score(
     model.eval()
     m, weights = model.cfg, model.aux_weights()
     mine, engram, batches, x = {}, None, 0, None
-    targets = count_heldout_targets(corpus, eval_bytes or None)
     walk = tqdm(
         heldout_windows(corpus, seq_len, batch_size, eval_bytes or None),
-        total=-(-(targets // seq_len) // batch_size) + (targets % seq_len > 0),
+        total=count_heldout_batches(corpus, seq_len, batch_size, eval_bytes or None),
         desc="eval",
         unit="batch",
         dynamic_ncols=True,
@@ -118,8 +117,9 @@ def heldout_score(
         total += nats
         scored += int(count)
         aux_sums = [a + b for a, b in zip(aux_sums, aux, strict=True)]
-    if scored != targets:
-        raise AssertionError(f"held-out walk scored {scored} bytes, expected {targets}")
+    expected = count_heldout_targets(corpus, eval_bytes or None)
+    if scored != expected:
+        raise AssertionError(f"held-out walk scored {scored} bytes, expected {expected}")
     ce = total / scored
     if not math.isfinite(ce):
         raise NonFiniteError(f"held-out cross-entropy is {ce} over {scored} bytes: not a score")

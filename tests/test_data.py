@@ -19,7 +19,14 @@ from dormouse.data import default_corpus as dc
 from dormouse.data import prepare as prepare_mod
 from dormouse.data import sampler as sampler_mod
 from dormouse.data.prepare import prepare
-from dormouse.data.sampler import Sampler, byte_cdf, count_heldout_targets, heldout_windows, inverse_cdf
+from dormouse.data.sampler import (
+    Sampler,
+    byte_cdf,
+    count_heldout_batches,
+    count_heldout_targets,
+    heldout_windows,
+    inverse_cdf,
+)
 from dormouse.data.shards import inspect_corpus, load_corpus
 from dormouse.errors import ConfigError, DataError
 
@@ -517,6 +524,7 @@ def test_heldout_windows_score_every_byte_after_the_first_once(tmp_path, max_byt
     full, rest = divmod(scored, 16)
     shapes = [tuple(x.shape) for x, _ in batches]
     assert shapes == [(min(4, full - i), 16) for i in range(0, full, 4)] + ([(1, rest)] if rest else [])
+    assert count_heldout_batches(corpus, 16, 4, max_bytes) == len(batches)
     for x, y in batches:
         assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape
     inputs = torch.cat([x.flatten() for x, _ in batches])

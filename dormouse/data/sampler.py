@@ -155,6 +155,14 @@ def heldout_windows(
         yield _shifted(corpus, full * seq_len, 1, rest)
 
 
+def count_heldout_batches(corpus: Corpus, seq_len: int, batch_size: int, max_bytes: int | None = None) -> int:
+    """How many batches `heldout_windows` yields."""
+    _check_positive("seq_len", seq_len)
+    _check_positive("batch_size", batch_size)
+    full, rest = divmod(count_heldout_targets(corpus, max_bytes), seq_len)
+    return -(-full // batch_size) + (rest > 0)
+
+
 def _shifted(corpus: Corpus, offset: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`rows` consecutive windows of `length` from one read of rows·length + 1 bytes."""
     data = torch.from_numpy(corpus.read("heldout", offset, rows * length + 1).astype(np.int64))
