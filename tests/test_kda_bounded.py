@@ -121,16 +121,32 @@ def test_gates_exactly_at_the_bound(at):
         assert torch.isfinite(x).all() and close(x.double(), r, 1e-3), name
 
 
+def test_a_second_derivative_is_refused_not_wrong():
+    args = [x.float().requires_grad_() for x in inputs(1, 20, 1, 8, 4, gate="strong")]
+    o, _ = kda_chunked(*args[:5], initial_state=args[5], lower_bound=-5.0)
+    (d_q,) = torch.autograd.grad(o.square().sum(), args[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        d_q.sum().backward()
+
+
 # --- dtypes, determinism, dispatch ---------------------------------------------------------------------
 
 
-def test_bitwise_deterministic_values_and_gradients():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bitwise_deterministic_values_and_gradients(threads):
+    # two threads too, as the trainer runs on two cores: the batched matmuls then split their batch
     def run():
         args = [x.float().requires_grad_() for x in inputs(2, 70, 2, 16, 8, gate="strong")]
         o, s = kda_chunked(*args[:5], initial_state=args[5], output_final_state=True, lower_bound=-5.0)
         return (o, s, *torch.autograd.grad(o.square().sum() + s.sum(), args))
 
-    for a, b in zip(run(), run(), strict=True):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        first, second = run(), run()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
 
 
@@ -138,7 +154,7 @@ def test_bf16_inputs_run_in_fp32_and_get_bf16_gradients():
     args32 = [x.float() for x in inputs(1, 40, 2, 16, 8, gate="strong")]
     args16 = [x.bfloat16().requires_grad_() for x in args32]
     o, s = kda_chunked(*args16[:5], initial_state=args16[5], output_final_state=True, lower_bound=-5.0)
-    o_ref, s_ref = kda_chunked(*(x.float() for x in args16[:5]), initial_state=args16[5].float(), lower_bound=-5.0)
+    o_ref, _ = kda_chunked(*(x.float() for x in args16[:5]), initial_state=args16[5].float(), lower_bound=-5.0)
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
     assert torch.equal(o, o_ref.bfloat16())
     grads = torch.autograd.grad(o.float().square().sum() + s.sum(), args16)

@@ -20,6 +20,7 @@ two gradients' products backward, and the backward needs E, not U.
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 def bounded_chunks(q, k, v, G, beta, S, scale: float):
@@ -93,6 +94,7 @@ class _BoundedChunks(torch.autograd.Function):
         return o.view(N, B, H, C, V), states[N].view(B, H, K, V).clone()
 
     @staticmethod
+    @once_differentiable  # the backward is arithmetic on saved tensors, no graph of its own
     def backward(ctx, d_o, d_S):
         e_to, e_from, k_to, k_from, q_to, q_e, v, beta, L, A, X_inv, T, W_m, W, k_out, E, S_in, *rows = (
             ctx.saved_tensors
@@ -115,7 +117,7 @@ class _BoundedChunks(torch.autograd.Function):
             d_A = torch.bmm(d_o, E.mT).tril_().mul_(scale)
 
             # within the chunk: the row scalings, the UT transform, the scores. In place where a gradient
-            # is read for the last time: each full-size tensor fewer is one allocation and page-in fewer.
+            # is read for the last time: each full-size tensor fewer is one allocation, one cold buffer fewer.
             d_into = (minus_d_W * W_m).addcmul_(d_q_e, q_to, value=-scale).sum(-2, keepdim=True).neg_()
             d_to_last = (d_k_out * k_from).sum(-2, keepdim=True)
             d_W_m = minus_d_W.mul_(-into)
