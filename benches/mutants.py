@@ -3,7 +3,8 @@ breaks, and say whether they caught it. A mutant the tests survive is a guarante
 
 Each mutant is one source text replacement (MUTANTS below): the RNG's keys and the global streams, the
 checkpoint's verification, the ledger's kinds, CALM-lite's exit rule, the eval's finiteness checks, the resume
-rules, the one-expert MoE. The working tree is never touched: every mutant runs in its own scratch copy.
+rules, the one-expert MoE, the bounded KDA's written-out backward. The working tree is never touched: every
+mutant runs in its own scratch copy.
 
     python benches/mutants.py                      # every mutant; exit status 1 when one is not caught
     python benches/mutants.py --list               # names, files and tests, nothing run
@@ -178,6 +179,20 @@ MUTANTS = (
         "weights = top_p if self.top_k == 1 else",
         "weights = top_p * (1 + 1e-6) if self.top_k == 1 else",
         ("tests/test_ffn.py",),
+    ),
+    Mutant(
+        "kda_bounded_beta_grad_through_inverse_dropped",
+        "dormouse/ops/kda/bounded.py",
+        "d_beta = (d_T * X_inv).sum(-2) + (d_X * L).sum(-1)",
+        "d_beta = (d_T * X_inv).sum(-2)",
+        ("tests/test_kda_bounded.py",),
+    ),
+    Mutant(
+        "kda_bounded_state_grad_into_pseudo_values_dropped",
+        "dormouse/ops/kda/bounded.py",
+        "        d_E_n.baddbmm_(k_n, d_states[n + 1])\n",
+        "",
+        ("tests/test_kda_bounded.py",),
     ),
 )
 

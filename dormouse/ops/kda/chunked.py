@@ -1,5 +1,7 @@
 """KDA in its chunked (WY / UT-transform) form, in plain PyTorch: the CPU path (reference sheet §1.3).
-The same function as the recurrence of reference.py.
+The same function as the recurrence of reference.py. The bounded form runs as bounded.py's Function,
+its backward written out; `_bounded_chunks` here is its plain counterpart, under autograd, that the
+Function is checked against (tests/test_kda_bounded.py).
 """
 
 import math
@@ -7,6 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dormouse.ops.kda.bounded import bounded_chunks
 from dormouse.ops.kda.reference import check_shapes, compute_dtype, start_state
 
 
@@ -65,10 +68,11 @@ def kda_chunked(
 
     All intra-chunk work is batched over every chunk at once; only the state carry loops over
     chunks. Any T: the tail is padded with k=v=0, g=0, beta=0, which leave the state untouched.
-    `lower_bound`, a bound every g keeps (g >= it: the layer's bounded gate), selects `_bounded_chunks`:
-    each chunk's scores one matmul through its middle row (fla's safe_gate), in chunks short enough that
-    no exponent leaves fp32 (`_bounded_chunk`); without it `_exact_chunks` runs, for any decay. The
-    function is the same. Returns (o in q's dtype, state or None); the state is fp32 (fp64 for fp64 inputs).
+    `lower_bound`, a bound every g keeps (g >= it: the layer's bounded gate), selects the bounded form
+    (bounded.py's `bounded_chunks`, the Function of `_bounded_chunks`): each chunk's scores one matmul
+    through its middle row (fla's safe_gate), in chunks short enough that no exponent leaves fp32
+    (`_bounded_chunk`); without it `_exact_chunks` runs, for any decay. The function is the same.
+    Returns (o in q's dtype, state or None); the state is fp32 (fp64 for fp64 inputs).
     """
     B, T, H, K, V = check_shapes(q, k, v, g, beta, initial_state)
     if lower_bound is not None and bool((g < lower_bound).any()):
@@ -91,10 +95,12 @@ def kda_chunked(
     # G: the inclusive in-chunk cumulative log-decay [N,B,H,C,K]
     q, k, v, G, beta = chunks(q), chunks(k), chunks(v), chunks(g, cumsum=True), chunks(beta)
     S = start_state(initial_state, (B, H, K, V), dtype, q.device)
-    run = _exact_chunks if lower_bound is None else _bounded_chunks
-    o, S = run(q * scale, k, v, G, beta, S)  # o [N,B,H,C,V]
-    if o.requires_grad:  # its gradient comes as a view of [B,T,H,V]'s; matmul's backward copies such per chunk
-        o.register_hook(_contiguous)
+    if lower_bound is None:
+        o, S = _exact_chunks(q * scale, k, v, G, beta, S)  # o [N,B,H,C,V]
+        if o.requires_grad:  # its gradient comes as a view of [B,T,H,V]'s; matmul's backward copies such per chunk
+            o.register_hook(_contiguous)
+    else:
+        o, S = bounded_chunks(q, k, v, G, beta, S, scale)
     o = o.permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :T]  # -> [B,N,C,H,V] -> [B,T,H,V]
     return o.to(out_dtype), (S if output_final_state else None)
 
@@ -138,7 +144,8 @@ def _carry(A, U, q_e, W, k_out, chunk_decay, S):
 def _bounded_chunks(q, k, v, G, beta, S):
     """`_exact_chunks` for a chunk whose log-decay spans at most the budget: every decay factors through
     the chunk's middle row m, |G_i - G_m| at most half the budget, so the work is matmuls and each
-    full-size tensor takes one exp: W' = W exp(-G_m) = T_beta (k e^(G - G_m)), then as `_exact_chunks`."""
+    full-size tensor takes one exp: W' = W exp(-G_m) = T_beta (k e^(G - G_m)), then as `_exact_chunks`.
+    The plain form of bounded.py's Function (q scaled here, there not), differentiated by autograd."""
     C = G.shape[-2]
     G_m = G[..., C // 2 : C // 2 + 1, :]  # [N,B,H,1,K]
     G_last = G[..., -1:, :]

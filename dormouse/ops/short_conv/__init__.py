@@ -104,8 +104,10 @@ def convolve_packed(
     if not is_fused(backend, packed.device, weights[0].shape[-1]):
         for _ in weights:
             registry.record("conv", False)
-        outs = _plain_packed(packed[..., : n * C], weights)
-        return Convolved((*outs, *packed[..., n * C :].split(rest, dim=-1)), False, None)
+        # one split: autograd joins the pieces' gradients with one cat, where slices would each take a
+        # zero-filled [B, T, N] gradient and a sum
+        convolved, *others = packed.split((n * C, *rest), dim=-1)
+        return Convolved((*_plain_packed(convolved, weights), *others), False, None)
     for _ in weights:
         registry.record("conv", True)
     normed = norm > 0 and _is_power_of_two(head)
