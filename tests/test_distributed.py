@@ -261,8 +261,8 @@ def test_torchrun_m_dormouse_train_is_the_same_run(runs, corpus, tmp_path):
 
 
 def test_ctrl_c_to_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(corpus, tmp_path, one_thread):
-    """Ctrl-C reaches torchrun, which passes SIGINT to its workers: they agree on one step boundary, eval,
-    checkpoint and exit; the run resumes from that step alone."""
+    """Ctrl-C reaches torchrun, which passes SIGINT to its workers: they agree on one step boundary,
+    checkpoint (no eval: none is scheduled) and exit; the run resumes from that step alone."""
     run = tmp_path / "run"
     flags = as_flags({**MODEL, **TRAIN})
     flags += ["--steps=400", "--eval-every=1000", "--ckpt-every=1000"]
@@ -282,7 +282,7 @@ def test_ctrl_c_to_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(corpu
             signal_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
     stopped = records(run, "train")[-1]["step"]
     assert 3 <= stopped < 400 and checkpoint.last_step(run) == stopped
-    assert [e["step"] for e in records(run, "eval")] == [stopped]
+    assert records(run, "eval") == []
     assert f"interrupted: stopped after step {stopped} with a checkpoint" in (run / "train.log").read_text()
     alone = Trainer(tiny_config(steps=400), corpus, run, corpus_note="test", resume=True)
     assert alone.step == stopped

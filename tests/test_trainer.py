@@ -93,8 +93,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(corpus, tmp_path):
 def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_the_resume_is_the_whole_run(
     sig, corpus, tmp_path, monkeypatch
 ):
-    """Ctrl-C or a preemption's SIGTERM during step 6 (0-based 5): the step finishes, an eval and a
-    checkpoint follow, the run raises KeyboardInterrupt; the resume continues it bit for bit."""
+    """Ctrl-C or a preemption's SIGTERM during step 6 (0-based 5): the step finishes, a checkpoint follows
+    with no eval the schedule did not ask for (evals every 4), the run raises KeyboardInterrupt; the resume
+    continues it bit for bit, its losses and its evals."""
     whole = fresh(tiny_config(), corpus, tmp_path / "whole")
     whole.run_loop()
     part = fresh(tiny_config(), corpus, tmp_path / "part")
@@ -111,7 +112,7 @@ def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_the_resume_is
     with pytest.raises(KeyboardInterrupt):
         part.run_loop()
     assert signal.getsignal(sig) is previous  # the handlers are the caller's again
-    assert checkpoint.last_step(tmp_path / "part") == 6 and [e["step"] for e in evals(tmp_path / "part")] == [4, 6]
+    assert checkpoint.last_step(tmp_path / "part") == 6 and [e["step"] for e in evals(tmp_path / "part")] == [4]
     assert (
         f"interrupted: stopped after step 6 with a checkpoint; --resume {tmp_path / 'part'}"
         in (tmp_path / "part" / "train.log").read_text()
@@ -119,6 +120,8 @@ def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_the_resume_is
     resumed = fresh(tiny_config(), corpus, tmp_path / "part", resume=True)
     resumed.run_loop()
     assert train_losses(tmp_path / "part") == train_losses(tmp_path / "whole")
+    scores = [[(e["step"], e["bpb"]) for e in evals(tmp_path / run)] for run in ("part", "whole")]
+    assert scores[0] == scores[1] and len(scores[0]) == 3
 
 
 def test_resume_keeps_a_better_best(corpus, tmp_path):
@@ -460,6 +463,8 @@ def test_dropout_runs_are_bitwise_repeatable_and_resume_exactly(masks, corpus, t
     resumed = fresh(cfg, corpus, tmp_path / "part", resume=True)
     resumed.run_loop()
     assert train_losses(tmp_path / "part") == train_losses(tmp_path / "whole")
+    scores = [[(e["step"], e["bpb"]) for e in evals(tmp_path / run)] for run in ("part", "whole")]
+    assert scores[0] == scores[1] and len(scores[0]) == 2
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     off = fresh(tiny_config(steps=8), corpus, tmp_path / "off")

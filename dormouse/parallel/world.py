@@ -67,9 +67,13 @@ class World:
 
     def any(self, flag: bool) -> bool:
         """True on every rank when `flag` is True on at least one: ranks stop at the same step."""
+        return self.max(int(flag)) > 0
+
+    def max(self, value: int) -> int:
+        """The largest of the ranks' `value`s, on every rank."""
         if self.size == 1:
-            return flag
-        return bool(self._reduce(torch.tensor([int(flag)]), dist.ReduceOp.MAX).item())
+            return value
+        return int(self._reduce(torch.tensor([value]), dist.ReduceOp.MAX).item())
 
     def gather_objects(self, obj) -> list:
         """Every rank's `obj` (picklable, CPU tensors only), in rank order."""

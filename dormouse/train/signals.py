@@ -7,7 +7,7 @@ from pathlib import Path
 
 class DeferredInterrupt:
     """Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption; what torchrun forwards to its workers when it
-    is itself stopped) ends the run at the next step boundary, after an eval and a checkpoint, never inside
+    is itself stopped) ends the run at the next step boundary, after a checkpoint, never inside
     an update: a state saved between two optimizers' steps would be half-updated. A second signal stops
     at once."""
 

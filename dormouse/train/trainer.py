@@ -44,6 +44,8 @@ from dormouse.train.signals import DeferredInterrupt, lost_note, stopped_note
 from dormouse.train.step_runner import StepRunner
 from dormouse.train.stress import StressMonitor
 
+_TIMED_OUT, _SIGNALLED = 1, 2  # why a run stops before its last step, as the ranks agree on it (the larger wins)
+
 
 class Trainer:
     """A training run in `run_dir`: a new one, or with `resume` the run there from its last checkpoint."""
@@ -172,11 +174,15 @@ class Trainer:
                 bar.update(1)
                 tok_s = t.batch_size * t.seq_len / (window_ms[-1] / 1000)
                 bar.set_postfix_str(f"loss {ce:.3f} bpb {ce / math.log(2):.3f} {tok_s:,.0f} tok/s")
-                # One decision for every rank: they stop after the same step, with one eval and checkpoint.
-                stop = self.world.any(time.monotonic() >= deadline or interrupt.requested)
+                # One decision for every rank: they stop after the same step, with one checkpoint. A signal's
+                # stop adds no eval the schedule did not ask for: a whole held-out split takes minutes on a
+                # CPU, longer than a preemption's grace before its SIGKILL would leave the checkpoint unwritten.
+                timed_out = _TIMED_OUT if time.monotonic() >= deadline else 0
+                why = self.world.max(_SIGNALLED if interrupt.requested else timed_out)
+                stop = why > 0
                 last = self.step == end or stop
                 new_best = early = False
-                if self.step % t.eval_every == 0 or last:
+                if self.step % t.eval_every == 0 or (last and why != _SIGNALLED):
                     record = self.evaluate(window_ce, window_ms)
                     new_best = record["step"] == self.evaluator.best_step
                     early = not last and self.evaluator.patience_spent(self.step)
