@@ -145,9 +145,7 @@ def heldout_windows(
     Full windows come in batches of up to `batch_size` rows of `seq_len`; a final shorter window,
     if any, comes last as its own [1, r] batch (never dropped).
     """
-    _check_positive("seq_len", seq_len)
-    _check_positive("batch_size", batch_size)
-    full, rest = divmod(count_heldout_targets(corpus, max_bytes), seq_len)
+    full, rest = _heldout_walk(corpus, seq_len, batch_size, max_bytes)
     for first in range(0, full, batch_size):
         rows = min(batch_size, full - first)
         yield _shifted(corpus, first * seq_len, rows, seq_len)
@@ -157,10 +155,15 @@ def heldout_windows(
 
 def count_heldout_batches(corpus: Corpus, seq_len: int, batch_size: int, max_bytes: int | None = None) -> int:
     """How many batches `heldout_windows` yields."""
+    full, rest = _heldout_walk(corpus, seq_len, batch_size, max_bytes)
+    return -(-full // batch_size) + (rest > 0)
+
+
+def _heldout_walk(corpus: Corpus, seq_len: int, batch_size: int, max_bytes: int | None) -> tuple[int, int]:
+    """The held-out walk's full windows of `seq_len` and the length of its shorter last one (0: none)."""
     _check_positive("seq_len", seq_len)
     _check_positive("batch_size", batch_size)
-    full, rest = divmod(count_heldout_targets(corpus, max_bytes), seq_len)
-    return -(-full // batch_size) + (rest > 0)
+    return divmod(count_heldout_targets(corpus, max_bytes), seq_len)
 
 
 def _shifted(corpus: Corpus, offset: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
