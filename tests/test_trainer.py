@@ -124,6 +124,24 @@ def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_the_resume_is
     assert scores[0] == scores[1] and len(scores[0]) == 3
 
 
+def test_a_signal_in_the_last_step_still_ends_on_the_final_eval(corpus, tmp_path, monkeypatch):
+    """The last step is the run's end: its eval comes even when a signal arrives in it (steps 6, evals
+    every 4: the final eval at 6 is not scheduled, and no resume would have a step left to give it)."""
+    run = fresh(tiny_config(steps=6), corpus, tmp_path / "r")
+    step = run.train_step
+
+    def signalled(i):
+        ce = step(i)
+        if i == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return ce
+
+    monkeypatch.setattr(run, "train_step", signalled)
+    with pytest.raises(KeyboardInterrupt):
+        run.run_loop()
+    assert checkpoint.last_step(tmp_path / "r") == 6 and [e["step"] for e in evals(tmp_path / "r")] == [4, 6]
+
+
 def test_resume_keeps_a_better_best(corpus, tmp_path):
     run = tmp_path / "run"
     trainer = fresh(tiny_config(), corpus, run)

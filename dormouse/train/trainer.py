@@ -175,14 +175,15 @@ class Trainer:
                 tok_s = t.batch_size * t.seq_len / (window_ms[-1] / 1000)
                 bar.set_postfix_str(f"loss {ce:.3f} bpb {ce / math.log(2):.3f} {tok_s:,.0f} tok/s")
                 # One decision for every rank: they stop after the same step, with one checkpoint. A signal's
-                # stop adds no eval the schedule did not ask for: a whole held-out split takes minutes on a
-                # CPU, longer than a preemption's grace before its SIGKILL would leave the checkpoint unwritten.
+                # stop before the end adds no eval the schedule did not ask for: a whole held-out split takes
+                # minutes on a CPU, longer than a preemption's grace before its SIGKILL would leave the
+                # checkpoint unwritten; the resume evaluates where the schedule does.
                 timed_out = _TIMED_OUT if time.monotonic() >= deadline else 0
                 why = self.world.max(_SIGNALLED if interrupt.requested else timed_out)
                 stop = why > 0
                 last = self.step == end or stop
                 new_best = early = False
-                if self.step % t.eval_every == 0 or (last and why != _SIGNALLED):
+                if self.step % t.eval_every == 0 or self.step == end or why == _TIMED_OUT:
                     record = self.evaluate(window_ce, window_ms)
                     new_best = record["step"] == self.evaluator.best_step
                     early = not last and self.evaluator.patience_spent(self.step)
