@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the corpora of the quality table (docs/performance.md) from pinned public sources, offline once
-# the source is on disk, and prepares each with `dormouse prepare` (its manifest holds the fingerprint).
+# Builds corpora of other kinds than tiny shakespeare from pinned public sources, offline once the source
+# is on disk, and prepares each with `dormouse prepare` (its manifest holds the fingerprint).
 #   bash benches/corpora.sh kernel-docs OUT_DIR [DEB]
 #     prose: the Linux kernel's documentation (reStructuredText, 24.2 MB in 3,184 documents) from
 #     Debian's linux-doc-6.1 6.1.176-1; DEB is that .deb (default: `apt-get download` it into OUT_DIR);
