@@ -246,7 +246,7 @@ def _add_replay(sub) -> None:
 
 def _add_ab(sub) -> None:
     p = sub.add_parser(
-        "ab", help="compare two configs over seeds at equal steps: bpb difference B-A with a 95%% interval, ms/step"
+        "ab", help="compare two configs over seeds at equal steps or time: bpb difference B-A, its 95%% interval"
     )
     p.add_argument(
         "--a", required=True, metavar="FLAGS", help='arm A: config flags as one string ("" = the shared config)'
@@ -265,6 +265,13 @@ def _add_ab(sub) -> None:
         default=3,
         metavar="N",
         help="seed rounds; round i trains both arms with seed --seed + i (default 3)",
+    )
+    p.add_argument(
+        "--equal",
+        choices=("steps", "time"),
+        default="steps",
+        help="with --minutes M: both arms train the steps the slower arm fits in M (steps, the default), or each "
+        "arm the steps it fits itself (time: equal wall-clock, for a model against a baseline of another speed)",
     )
     p.add_argument(
         "--data", metavar="DIR", default=None, help="a prepared corpus (default: the embedded default corpus)"

@@ -12,8 +12,8 @@ from dormouse import config
 from dormouse.cli import main
 from dormouse.data.shards import load_corpus
 from dormouse.resolve import resolve
-from dormouse.tools import ab_merge
-from dormouse.tools.ab_price import price
+from dormouse.tools import ab, ab_merge, ab_table
+from dormouse.tools.ab_price import fitted_steps, price
 from dormouse.tools.ab_report import report_lines
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
 from dormouse.tools.bench.provenance import code_fingerprint
@@ -123,6 +123,19 @@ def test_price_uses_only_rows_of_this_device_and_setting(corpus_dir, tmp_path):
     assert known["eval_s"] == pytest.approx((100 + 50) / 3 * (5 * 1 + 6) * 3 / 1000)
     by_minutes = price(history, cfgs, corpus, steps=None, minutes=0.01, seeds=1)
     assert by_minutes["steps"] == 6  # 600 ms / the slower arm's 100 ms
+    by_time = price(history, cfgs, corpus, steps=None, minutes=0.01, seeds=1, equal="time")
+    assert by_time["steps"] == {"a": 6, "b": 12}  # 600 ms / each arm's own 100 and 50 ms
+    assert by_time["train_s"] == pytest.approx((100 * 6 + 50 * 12) / 1000)
+
+
+def test_fitted_steps_by_hand():
+    ms = {"a": 7.0, "b": 3.0}  # a budget of 0.001 min = 60 ms
+    assert fitted_steps(ms, "steps", minutes=0.001) == {"a": 8, "b": 8}  # ⌊60 / 7⌋ for both
+    assert fitted_steps(ms, "time", minutes=0.001) == {"a": 8, "b": 20}  # ⌊60 / 7⌋, ⌊60 / 3⌋
+    assert fitted_steps({"a": 90.0, "b": 3.0}, "time", minutes=0.001) == {"a": 1, "b": 20}  # at least one step
+    assert fitted_steps(ms, "steps", steps=10) == {"a": 10, "b": 10}
+    assert fitted_steps(ms, "time", steps=10) == {"a": 10, "b": 23}  # B in A's 70 ms: 70 / 3 = 23.3
+    assert fitted_steps(ms, "time", steps=20) == {"a": 20, "b": 47}  # 140 / 3 = 46.7, rounded
 
 
 # ---- real runs -----------------------------------------------------------------------------------------------
@@ -218,6 +231,25 @@ def test_minutes_trains_both_arms_the_steps_the_slower_arm_fits(corpus_dir, tmp_
     assert result["arms"]["a"]["config"]["train"]["minutes"] == 0.0  # the schedule runs over the fixed steps
     assert result["overall"]["ci95"] is None and result["overall"]["verdict"] == NO_INTERVAL
     assert "95% CI unknown (one seed)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "budget, steps, rule",
+    [
+        (("--minutes", "0.002"), {"a": 10, "b": 24}, "--equal time: the steps each arm fits in --minutes 0.002"),
+        (("--steps", "6"), {"a": 6, "b": 14}, "--equal time: the steps each arm fits in arm A's 6 steps"),
+    ],
+)
+def test_equal_time_trains_each_arm_the_steps_it_fits(budget, steps, rule, corpus_dir, tmp_path, monkeypatch):
+    # The pricing run's clock replaced by fixed prices: KDA 12 ms, attention 5 ms a step. 0.002 min = 120 ms:
+    # 10 and 24 steps; arm A's 6 steps take 72 ms, where B fits 14.4.
+    monkeypatch.setattr(ab, "measure_ms_per_step", lambda cfg, *_: 12.0 if cfg.model.mixer == "kda" else 5.0)
+    argv = ("--a", "", "--b", "--no-kda", "--seeds", "2", *budget, "--equal", "time")
+    result = run_ab(corpus_dir, tmp_path, "t", *argv)
+    assert result["steps"] == steps and result["step_rule"].startswith(rule)
+    assert [[r["steps"] for r in result["runs"][arm]] for arm in ("a", "b")] == [[steps["a"]] * 2, [steps["b"]] * 2]
+    assert [result["arms"][arm]["config"]["train"]["steps"] for arm in ("a", "b")] == [steps["a"], steps["b"]]
+    assert ab_table.row("gpt", result).split(" | ")[3] == f"A {steps['a']}, B {steps['b']}"
 
 
 def test_a_context_length_arm_trains_the_same_bytes_per_step_and_scores_the_same_bytes(corpus_dir, tmp_path):

@@ -14,7 +14,10 @@ The protocol, and how to read ab.json, is docs/ab-protocol.md. In short:
   machine's speed loads both arms alike; every step is timed the same way in both.
 - Equal steps: `--steps N` trains both arms N steps. `--minutes M` first prices each arm (a few
   timed steps in a temporary run) and sets N to the steps the slower arm fits in M minutes; both
-  arms then train exactly N steps, with the learning-rate schedule over N.
+  arms then train exactly N steps, with the learning-rate schedule over N. `--equal time` instead
+  compares at equal wall-clock (a faster model trains more steps), as a model against a baseline of
+  another speed is compared: each arm trains the steps it fits in M minutes itself, or, without
+  `--minutes`, arm A trains its N steps and arm B the steps that fit in arm A's time.
 - The score of a run is the held-out bpb of its final model on the full held-out walk; the paired
   difference B − A over seeds gets a 95% Student-t interval (tools/ab_stats.py).
 - Before anything trains, the cost is priced from history rows of this device, preset, shape, arms
@@ -52,8 +55,8 @@ from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
-from dormouse.tools.ab_price import PRICE_STEPS, PRICE_WARMUP, measure_ms_per_step, price
-from dormouse.tools.ab_report import depth_means, history_rows, report_lines, summarise
+from dormouse.tools.ab_price import PRICE_STEPS, PRICE_WARMUP, fitted_steps, measure_ms_per_step, price
+from dormouse.tools.ab_report import depth_means, history_rows, report_lines, steps_text, summarise
 from dormouse.tools.ab_table import table
 from dormouse.tools.bench.device import device_name
 from dormouse.tools.bench.provenance import code_fingerprint, git_commit, repo_root
@@ -317,8 +320,10 @@ class Plan:
     code: str
     started: datetime.datetime
     seeds: list[int]
-    steps: int | None  # None under --minutes until the pricing run sets it
+    steps: dict[str, int] | None  # each arm's steps; None until the pricing run sets them (--minutes, --equal time)
+    a_steps: int  # arm A's steps, the budget without --minutes
     minutes: float
+    equal: str  # "steps": both arms train the same steps; "time": each what it fits in `minutes`
     corpus: Corpus
     note: str
     device: torch.device
@@ -340,7 +345,8 @@ def plan(args: argparse.Namespace) -> Plan:
     started = datetime.datetime.now(datetime.UTC)
     first_seed, minutes = cfgs["a"].train.seed, cfgs["a"].train.minutes
     seeds = [first_seed + i for i in range(args.seeds)]
-    steps = None if minutes else cfgs["a"].train.steps
+    a_steps = cfgs["a"].train.steps
+    steps = None if minutes or args.equal == "time" else dict.fromkeys(ARMS, a_steps)
     if args.reuse_a and minutes:
         raise ConfigError("--reuse-a needs --steps: reused runs trained a fixed number of steps")
     corpus, note = open_corpus(args.data)
@@ -351,26 +357,41 @@ def plan(args: argparse.Namespace) -> Plan:
             Path(args.reuse_a),
             cfgs["a"],
             seeds,
-            steps,
+            a_steps,
             corpus=corpus,
             code=code,
             device=device_name(device),
             eval_depths=args.eval_depths,
         )
     return Plan(
-        cfgs, out, history, record_to, commit, code, started, seeds, steps, minutes, corpus, note, device, reused
+        cfgs,
+        out,
+        history,
+        record_to,
+        commit,
+        code,
+        started,
+        seeds,
+        steps,
+        a_steps,
+        minutes,
+        args.equal,
+        corpus,
+        note,
+        device,
+        reused,
     )
 
 
 def pricing_run(p: Plan) -> dict:
-    """`--minutes`: time each arm here and now, and set the steps both arms train to what the slower one
-    fits in the budget (equal steps)."""
+    """`--minutes` or `--equal time`: time each arm here and now, and set each arm's steps to what fits in
+    the budget (--minutes, else arm A's steps): the slower arm's (equal steps) or its own (equal time)."""
     ms = {
         arm: measure_ms_per_step(for_round(cfg, p.seeds[0], PRICE_WARMUP + PRICE_STEPS), p.corpus, p.note)
         for arm, cfg in p.cfgs.items()
     }
-    p.steps = max(1, int(p.minutes * 60_000 // max(ms.values())))
-    print(f"pricing run: ms/step A {ms['a']:.4g}, B {ms['b']:.4g}; both arms train {p.steps} steps")
+    p.steps = fitted_steps(ms, p.equal, minutes=p.minutes, steps=p.a_steps)
+    print(f"pricing run: ms/step A {ms['a']:.4g}, B {ms['b']:.4g}; steps {steps_text(p.steps)}")
     return {"warmup": PRICE_WARMUP, "steps": PRICE_STEPS, "ms_per_step": ms}
 
 
@@ -387,7 +408,7 @@ def train_rounds(p: Plan, eval_depths: bool) -> tuple[dict[str, list[dict]], lis
             if arm == "a" and p.reused is not None:
                 continue
             order.append(f"{arm}/{seed}")
-            cfg = for_round(p.cfgs[arm], seed, p.steps)
+            cfg = for_round(p.cfgs[arm], seed, p.steps[arm])
             runs[arm].append(run_arm(cfg, p.corpus, p.note, p.out / arm / f"seed-{seed}", eval_depths=eval_depths))
     return runs, order
 
@@ -398,14 +419,18 @@ def compare(args: argparse.Namespace) -> dict:
     from dormouse.plots import plot_ab
 
     p = plan(args)
-    cost = price(p.history, p.cfgs, p.corpus, steps=p.steps, minutes=p.minutes, seeds=len(p.seeds))
+    fixed = None if p.minutes else p.a_steps
+    cost = price(p.history, p.cfgs, p.corpus, steps=fixed, minutes=p.minutes, seeds=len(p.seeds), equal=p.equal)
     print(cost["text"])
-    pricing = pricing_run(p) if p.minutes else None
-    step_rule = (
-        f"--minutes {p.minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
-        if p.minutes
-        else f"--steps {p.steps}"
-    )
+    pricing = pricing_run(p) if p.steps is None else None
+    if p.equal == "time":
+        budget = f"--minutes {p.minutes:g}" if p.minutes else f"arm A's {p.a_steps} steps"
+        step_rule = f"--equal time: the steps each arm fits in {budget} at its pricing-run ms/step"
+    elif p.minutes:
+        step_rule = f"--minutes {p.minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
+    else:
+        step_rule = f"--steps {fixed}"
+    assert p.steps is not None
     runs, order = train_rounds(p, args.eval_depths)
     per_seed, overall = summarise(runs)
     if args.eval_depths:
@@ -419,14 +444,14 @@ def compare(args: argparse.Namespace) -> dict:
         "data": p.note,
         "fingerprint": p.corpus.fingerprint,
         "seeds": p.seeds,
-        "steps": p.steps,
+        "steps": p.steps["a"] if p.steps["a"] == p.steps["b"] else p.steps,  # one count, or one per arm
         "step_rule": step_rule,
         "pricing_run": pricing,
         "order": order,
         "cost": cost,
         "reused_a": None if p.reused is None else shown_path(p.reused[0]),
         "arms": {
-            arm: {"flags": getattr(args, arm), "config": for_round(p.cfgs[arm], p.seeds[0], p.steps).to_dict()}
+            arm: {"flags": getattr(args, arm), "config": for_round(p.cfgs[arm], p.seeds[0], p.steps[arm]).to_dict()}
             for arm in ARMS
         },
         "runs": runs,

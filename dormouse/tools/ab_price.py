@@ -1,5 +1,5 @@
 """`dormouse ab`'s cost: priced before anything trains from measured history rows of each arm's own
-setting (tools/history.py), and the pricing run that turns `--minutes` into equal steps.
+setting (tools/history.py), and the pricing run that turns `--minutes` into each arm's steps.
 
 The cost of evals is an estimate: a forward ≈ FORWARD_SHARE of a training step, times the eval batches
 a run walks (every eval_every steps and at the end, then the full held-out walk when evals score a prefix).
@@ -33,6 +33,19 @@ def measure_ms_per_step(cfg: Config, corpus: Corpus, note: str) -> float:
     return statistics.median(step_ms[PRICE_WARMUP:])
 
 
+def fitted_steps(ms: dict[str, float], equal: str, *, minutes: float = 0.0, steps: int | None = None) -> dict[str, int]:
+    """Each arm's steps at `ms` per step. The budget is `minutes`, else arm A's `steps` (and their time).
+    Equal steps: both arms train what the slower one fits in `minutes`, or `steps`. Equal time: each arm
+    trains what it fits itself; with `steps`, arm A trains exactly those and B what fits in A's time."""
+    if not minutes:
+        if equal == "steps":
+            return dict.fromkeys(ms, steps)
+        return {"a": steps, "b": max(1, round(steps * ms["a"] / ms["b"]))}
+    if equal == "time":
+        return {arm: max(1, int(minutes * 60_000 // ms[arm])) for arm in ms}
+    return dict.fromkeys(ms, max(1, int(minutes * 60_000 // max(ms.values()))))
+
+
 def eval_batches(cfg: Config, corpus: Corpus, steps: int) -> int:
     """Forward batches one run evaluates: an eval every eval_every steps and at the end, then the full walk."""
     t = cfg.train
@@ -51,7 +64,14 @@ def _duration(seconds: float) -> str:
 
 
 def price(
-    history: Path, cfgs: dict[str, Config], corpus: Corpus, *, steps: int | None, minutes: float, seeds: int
+    history: Path,
+    cfgs: dict[str, Config],
+    corpus: Corpus,
+    *,
+    steps: int | None,
+    minutes: float,
+    seeds: int,
+    equal: str = "steps",
 ) -> dict:
     """The experiment's cost from measured history rows of each arm's own setting, or why it is unknown."""
     rows = read_history(history)
@@ -73,18 +93,25 @@ def price(
             return {"known": False, "text": text}
         found[arm] = matches[-1]  # the newest
     ms = {arm: float(row["ms_per_step"]) for arm, row in found.items()}
-    n = steps if steps is not None else max(1, int(minutes * 60_000 // max(ms.values())))
-    train_s = sum(ms.values()) * n * seeds / 1000
-    forwards = {arm: eval_batches(cfg, corpus, n) for arm, cfg in cfgs.items()}
+    n = fitted_steps(ms, equal, minutes=minutes, steps=steps)
+    train_s = sum(ms[arm] * n[arm] for arm in ms) * seeds / 1000
+    forwards = {arm: eval_batches(cfg, corpus, n[arm]) for arm, cfg in cfgs.items()}
     eval_s = sum(ms[arm] * FORWARD_SHARE * forwards[arm] for arm in cfgs) * seeds / 1000
     used = "; ".join(
         f"{arm.upper()} {ms[arm]:.4g} ms/step (row {row['date']} {row['commit']}, {row['log']})"
         for arm, row in found.items()
     )
-    steps_text = f"{n} steps" if steps is not None else f"~{n} steps (what the slower arm fits in {minutes:g} min)"
+    if equal == "time":
+        budget = f"{minutes:g} min" if minutes else f"arm A's {steps} steps"
+        steps_text = f"~{n['a']}/{n['b']} A/B steps (what each arm fits in {budget})"
+    elif steps is not None:
+        steps_text = f"{steps} steps"
+    else:
+        steps_text = f"~{n['a']} steps (what the slower arm fits in {minutes:g} min)"
     text = (
         f"cost from {history}: {used}. Training: {len(cfgs)} arms x {seeds} seeds x {steps_text} = "
         f"{_duration(train_s)}; evals ≈ {_duration(eval_s)} (estimate: a forward ≈ 1/3 of a step, "
         f"{forwards['a']}/{forwards['b']} eval batches per A/B run); total ≈ {_duration(train_s + eval_s)}"
     )
-    return {"known": True, "text": text, "rows": found, "steps": n, "train_s": train_s, "eval_s": eval_s}
+    steps_of = n["a"] if n["a"] == n["b"] else n
+    return {"known": True, "text": text, "rows": found, "steps": steps_of, "train_s": train_s, "eval_s": eval_s}

@@ -12,6 +12,13 @@ from dormouse.tools.bench.rows import cell, shown_path, timing_columns
 from dormouse.tools.history import setting
 
 
+def steps_text(steps: dict[str, int] | int) -> str:
+    """'N' when both arms train N steps, else 'A n, B m' (ab.json's `steps`: an int, or one per arm)."""
+    if isinstance(steps, int):
+        return str(steps)
+    return str(steps["a"]) if steps["a"] == steps["b"] else f"A {steps['a']}, B {steps['b']}"
+
+
 def depth_means(runs: list[dict]) -> dict[str, float]:
     """{"d": mean over the arm's seeds of bpb_by_depth[d]}."""
     return {d: statistics.fmean(r["bpb_by_depth"][d] for r in runs) for d in runs[0]["bpb_by_depth"]}
@@ -81,7 +88,7 @@ def history_rows(result: dict, cfgs: dict[str, Config], out: Path, started: date
         flags = result["arms"][arm]["flags"]
         note = (
             f"ab {shown_path(out)} arm {arm.upper()}: {flags if flags.strip() else '(the shared config)'}; "
-            f"{steps} steps per run; Δ(B−A) = {overall['diff_mean']:+.4f} {interval} {overall['verdict']}"
+            f"{steps_text(steps)} steps per run; Δ(B−A) = {overall['diff_mean']:+.4f} {interval} {overall['verdict']}"
         )
         if "bpb_by_depth" in overall:
             note += f"; depth bpb {depth_text(overall['bpb_by_depth'][arm])}"

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from dormouse.tools.ab_report import steps_text
+
 HEADER = (
     "| row | B's flags (A: shared config) | seeds | steps | A bpb | Δbpb (B − A) | 95% interval | ms/step A, B "
     "| verdict |\n"
@@ -26,7 +28,7 @@ def row(label: str, result: dict) -> str:
         label,
         f"`{flags}`",
         str(len(result["seeds"])),
-        str(result["steps"]),
+        steps_text(result["steps"]),
         f"{o['a_bpb_mean']:.4f}",
         f"{o['diff_mean']:+.4f}",
         interval,
