@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Train a config once under each of several flag sets (one seed) and print each run's result line (its
+# best held-out eval) and its evals. For choosing a recipe on a validation slice.
+#   bash benches/sweep.sh CORPUS OUT_DIR CONFIG "FLAGS" ["FLAGS" ...]
+# JOBS=N (default 1) trains N at a time on the one device: each run's bpb is as alone, its ms/step is not.
+set -uo pipefail
+corpus=${1:?CORPUS}
+out=${2:?OUT_DIR}
+config=${3:?CONFIG}
+shift 3
+mkdir -p "$out"
+one_run() { # INDEX FLAGS
+  # shellcheck disable=SC2086  # FLAGS is split into flags on purpose
+  python3 -m dormouse train --config "$config" --data "$corpus" --out "$out/run-$1" $2 >"$out/run-$1.log" 2>&1
+  echo "run-$1 [$2] rc $?: $(tr '\r' '\n' <"$out/run-$1.log" | grep -a '^result' | tail -1)"
+}
+export -f one_run
+export config corpus out
+i=0
+for flags in "$@"; do
+  i=$((i + 1))
+  printf '%s\0%s\0' "$i" "$flags"
+done | xargs -0 -n 2 -P "${JOBS:-1}" bash -c 'one_run "$@"' _
+for log in "$out"/run-*.log; do
+  echo "== $log"
+  tr '\r' '\n' <"$log" | grep -a -E '^(first step|eval|result)' | cut -c1-110
+done
