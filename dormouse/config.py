@@ -27,16 +27,18 @@ SAFE_GATE_BOUNDS = (-5.0, 0.0)
 BYTE_NOISE_SOURCES = ("uniform", "unigram")  # what replaces a noised byte (data/sampler.py)
 FUSED_CHOICES = ("auto", "fused", "plain")
 OPTS = ("adamw", "sinkhorn")  # train/routing.py: sinkhorn puts the matrices on NesterovSinkhorn
+STEPS_AUTO = 0  # `--steps auto`: a run fits the steps to its corpus and model (train/budget.py)
 GROUPS = ("data", "model", "arms", "optimizer", "schedule", "run", "performance", "parallel")
 
 
 def _f(default, help: str, group: str, *, lo=None, hi=None, choices=None, lo_open=False, hi_open=False, **kind):
     """A config field: default, help text, flag group and allowed range (inclusive unless lo_open / hi_open).
     kind: advanced=True lists the flag under `--help-all` only; tristate=True is a bool whose None means
-    "decided by resolve_values"."""
+    "decided by resolve_values"; auto=True is an int that may be spelled "auto", held as 0 until a run decides."""
     assert group in GROUPS, group
     meta = {"help": help, "group": group, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
     meta |= {"hi_open": hi_open, "advanced": kind.get("advanced", False), "tristate": kind.get("tristate", False)}
+    meta |= {"auto": kind.get("auto", False)}
     return field(default=default, metadata=meta)
 
 
@@ -156,7 +158,9 @@ class TrainConfig:
         hi=1.0,
         hi_open=True,
     )
-    steps: int = _f(1000, "training steps", "schedule", lo=1)
+    steps: int = _f(
+        1000, "training steps; auto (or 0) = fitted to the corpus and the model's size", "schedule", lo=0, auto=True
+    )
     minutes: float = _f(0.0, "train for this wall time instead of --steps; 0 = off", "schedule", lo=0.0)
     warmup_steps: int = _f(100, "linear warm-up steps", "schedule", lo=0)
     lr_decay: str = _f("cosine", "decay after warm-up", "schedule", choices=("cosine", "linear", "constant"))
@@ -335,6 +339,8 @@ def value_type(f: dataclasses.Field) -> type:
 
 def _coerce(cls, key: str, value):
     f = {f.name: f for f in fields(cls)}[key]
+    if f.metadata["auto"] and value == "auto":
+        return STEPS_AUTO
     ftype = value_type(f)
     ok = {
         bool: lambda v: isinstance(v, bool) or (v is None and f.metadata["tristate"]),

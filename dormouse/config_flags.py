@@ -13,6 +13,7 @@ from dormouse.config import (
     GROUPS,
     PRESETS,
     SECTIONS,
+    STEPS_AUTO,
     Config,
     build,
     field_group,
@@ -84,6 +85,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         parser.usage = f"%(prog)s {positional} [flags]".replace("  ", " ")
 
 
+def int_or_auto(text: str) -> int:
+    """A flag value of an auto=True field (`--steps`): an int, or "auto" (held as STEPS_AUTO)."""
+    if text == "auto":
+        return STEPS_AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
+
+
 def _field(section: str, name: str) -> dataclasses.Field:
     return {f.name: f for f in fields(SECTIONS[section])}[name]
 
@@ -99,7 +110,7 @@ def _add_field_flag(group: argparse._ArgumentGroup, section: str, f: dataclasses
         action = group.add_argument(
             flag,
             dest=dest,
-            type=f.type,
+            type=int_or_auto if meta["auto"] else f.type,
             default=None,
             choices=meta["choices"],
             metavar=None if meta["choices"] else "X",
@@ -162,6 +173,8 @@ def resume_config(saved: Config, args: argparse.Namespace) -> Config:
             raise ConfigError(f"{flag} cannot change on --resume: only {RESUMABLE_FLAGS} may")
         section, key = dest.split(".", 1)
         setattr(getattr(out, section), key, value)
+    if out.train.steps == STEPS_AUTO:
+        raise ConfigError("--steps auto on --resume: give the run's new length in steps")
     if vars(args).get("train.parallel") is None:
         out.train.parallel = "auto"  # decided by this launch, not the saved one's
     out.train.parallel = resolve_parallel(out.train.parallel)

@@ -49,12 +49,13 @@ from pathlib import Path
 import torch
 
 from dormouse import run_lock
-from dormouse.config import Config
+from dormouse.config import STEPS_AUTO, Config
 from dormouse.config_flags import add_config_flags, config_from_args
 from dormouse.data.shards import Corpus
 from dormouse.errors import ConfigError
 from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
+from dormouse.model.model import DormouseLM
 from dormouse.tools.ab_price import PRICE_STEPS, PRICE_WARMUP, fitted_steps, measure_ms_per_step, price
 from dormouse.tools.ab_report import depth_means, history_rows, report_lines, steps_text, summarise
 from dormouse.tools.ab_table import table
@@ -67,6 +68,7 @@ from dormouse.tools.bench.rows import (
     history_header,
     shown_path,
 )
+from dormouse.train import budget
 from dormouse.train.trainer import Trainer
 
 ARMS = ("a", "b")
@@ -345,11 +347,11 @@ def plan(args: argparse.Namespace) -> Plan:
     started = datetime.datetime.now(datetime.UTC)
     first_seed, minutes = cfgs["a"].train.seed, cfgs["a"].train.minutes
     seeds = [first_seed + i for i in range(args.seeds)]
-    a_steps = cfgs["a"].train.steps
-    steps = None if minutes or args.equal == "time" else dict.fromkeys(ARMS, a_steps)
     if args.reuse_a and minutes:
         raise ConfigError("--reuse-a needs --steps: reused runs trained a fixed number of steps")
     corpus, note = open_corpus(args.data)
+    a_steps = auto_steps_of(cfgs["a"], corpus)
+    steps = None if minutes or args.equal == "time" else dict.fromkeys(ARMS, a_steps)
     device = torch.device(cfgs["a"].train.device)
     reused = None
     if args.reuse_a:
@@ -381,6 +383,15 @@ def plan(args: argparse.Namespace) -> Plan:
         device,
         reused,
     )
+
+
+def auto_steps_of(cfg: Config, corpus: Corpus) -> int:
+    """Arm A's steps: the config's, or under `--steps auto` the ones its run would fit (train/budget.py)."""
+    params = DormouseLM(cfg.model).num_params() if cfg.train.steps == STEPS_AUTO else 0
+    cfg, note = budget.resolved(cfg, corpus.split_size("train"), params)
+    if note:
+        print(f"arm A: {note}")
+    return cfg.train.steps
 
 
 def pricing_run(p: Plan) -> dict:

@@ -35,6 +35,7 @@ from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.fla import pin as fla_pin
 from dormouse.parallel.parallelize import parallelize
 from dormouse.parallel.world import World
+from dormouse.train import budget
 from dormouse.train.checkpointer import Checkpointer
 from dormouse.train.ema import WeightAverage
 from dormouse.train.evaluator import Evaluator
@@ -67,6 +68,9 @@ class Trainer:
         self.device = self.world.device(t.device)
         self.precision_note = precision.apply(t.dtype)  # before any kernel compiles
         self.model = passes.schedule(DormouseLM(cfg.model, seed=t.seed)).to(self.device)
+        # --steps auto: fitted to the corpus and this model, before anything reads the schedule's length
+        cfg, self.budget_note = budget.resolved(cfg, corpus.split_size("train"), self.model.num_params())
+        self.cfg, t = cfg, cfg.train
         # Under FSDP the model is sharded (and under --engram-shard its tables cut) before the optimizers see it.
         replica = parallelize(self.model, self.world, t)
         self.groups = route(self.model, t.opt)
@@ -124,6 +128,8 @@ class Trainer:
         if backend == "fla" or "fused" in fused:
             log(fla_pin.pin_note())
         log(f"model: {self.model.num_params():,} parameters; optimizer groups:")
+        if self.budget_note:
+            log(self.budget_note)
         log(describe(self.groups))
         log("config: " + json.dumps(self.cfg.to_dict(), sort_keys=True))
         if self.world.size > 1:
