@@ -91,10 +91,12 @@ def test_a_history_with_other_columns_is_refused(tmp_path):
     assert len(read_rows(tmp_path / "new.tsv")) == 2
 
 
-def test_bench_refuses_minutes_and_zero_warmup(capsys):
+def test_bench_refuses_minutes_auto_steps_and_zero_warmup(capsys):
     assert main(["bench", "--minutes", "1"]) == 2
     assert main(["bench", "--warmup", "0"]) == 2
-    assert capsys.readouterr().err.count("error:") == 2
+    assert main(["bench", "--steps", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 3 and "--steps auto has no meaning for bench" in err
 
 
 ARMS = [{}, {"mixer": "attention"}, {"attention_layers": "1"}, {"n_experts": 4, "experts_top_k": 2}]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dormouse.cli import build_parser, main
-from dormouse.config_flags import show_advanced
+from dormouse.config_flags import int_or_auto, show_advanced
 
 REQUIRED = {
     "prepare": ["in.txt", "--out", "X"],
@@ -36,7 +36,7 @@ def sample_value(action: argparse.Action) -> list[str]:
         return []
     if action.choices:
         return [str(list(action.choices)[-1])]
-    return {int: ["3"], float: ["0.5"]}.get(action.type, ["value"])
+    return {int: ["3"], float: ["0.5"], int_or_auto: ["auto"]}.get(action.type, ["value"])
 
 
 def test_registered_subcommands_are_exactly_the_working_ones():

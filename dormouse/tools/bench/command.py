@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from dormouse import run_lock
-from dormouse.config import Config
+from dormouse.config import STEPS_AUTO, Config
 from dormouse.errors import ConfigError
 from dormouse.tools.bench.baseline_models import unavailable
 from dormouse.tools.bench.baselines import BASELINES, bench_baseline
@@ -30,7 +30,10 @@ def cli(args) -> int:
     from dormouse.config_flags import config_from_args
 
     cfg = config_from_args(args)
-    steps = _given(args, "train.steps") or DEFAULT_STEPS
+    steps = _given(args, "train.steps")
+    if steps == STEPS_AUTO:
+        raise ConfigError("--steps auto has no meaning for bench: it times a given number of steps")
+    steps = steps or DEFAULT_STEPS
     if cfg.train.minutes:
         raise ConfigError("--minutes has no meaning for bench: it times --steps steps after --warmup")
     if args.warmup < 1:
