@@ -9,9 +9,10 @@ parameter, as compute-optimal budgets are written (Chinchilla's 20 tokens per pa
 (warm-up, cosine to the floor) spans the chosen steps; early stopping (`--patience`) still ends a run
 that turns up sooner.
 
-EPOCHS is the recipe's measured best budget on tiny shakespeare: 2000 steps of 16 KiB on its 1,003,854
-training bytes, 32.6 epochs, beat 1000 steps by 0.029 bpb over 3 seeds (evidence/ab-steps-2000.json).
-BYTES_PER_PARAM is Chinchilla's ratio taken for bytes; no corpus here has measured it yet.
+EPOCHS is the recipe's budget on tiny shakespeare, 2000 steps of 16 KiB on its 1,003,854 training bytes,
+which beat 1000 steps by 0.029 bpb over 3 seeds on the validation slice (evidence/ab-steps-2000.json);
+longer budgets are not measured yet. BYTES_PER_PARAM is Chinchilla's ratio taken for bytes; no corpus
+here has measured it yet.
 """
 
 from dataclasses import replace
