@@ -202,7 +202,7 @@ def test_reuse_a_takes_arm_as_runs_and_trains_only_b(corpus_dir, tmp_path, capsy
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--a", "", "--seeds", "2", "--steps", "3"], "the step count differs (4 there, 3 here)"),
+        (["--a", "", "--seeds", "2", "--steps", "3"], "arm A's step count differs (4 there, 3 here)"),
         (["--a", "--lr 0.02", "--seeds", "2", "--steps", "4"], "its arm A is another config (train.lr differ)"),
         (["--a", "", "--seeds", "3", "--steps", "4"], "no arm-A run of seed(s) [2] there"),
         (["--a", "", "--seeds", "2", "--minutes", "1"], "--reuse-a needs --steps"),
@@ -470,6 +470,19 @@ def test_several_b_are_comparisons_against_one_arm_a_in_one_process(corpus_dir, 
     alone = run_ab(corpus_dir, tmp_path, "alone", "--a", "", "--b", "--no-short-conv", "--seeds", "2", "--steps", "4")
     assert [r["bpb"] for r in alone["runs"]["b"]] == [r["bpb"] for r in two["runs"]["b"]]
     assert [r["bpb"] for r in alone["runs"]["a"]] == [r["bpb"] for r in two["runs"]["a"]]
+
+
+def test_several_b_at_equal_time_share_arm_as_runs(corpus_dir, tmp_path, monkeypatch):
+    # fixed prices (KDA 12 ms, attention 5 ms, KDA without the short conv 8 ms a step): arm A's 5 steps
+    # take 60 ms, in which the attention arm fits 12 steps and the other 7.5 -> 8
+    prices = lambda cfg, *_: 5.0 if cfg.model.mixer == "attention" else 12.0 if cfg.model.short_conv else 8.0  # noqa: E731
+    monkeypatch.setattr(ab, "measure_ms_per_step", prices)
+    argv = ["ab", "--a", "", "--seeds", "1", "--steps", "5", "--equal", "time", "--data", str(corpus_dir), *TINY]
+    argv += ["--b", "--no-kda", "--b", "--no-short-conv", "--out", str(tmp_path / "rows")]
+    assert main([*argv, "--history", str(tmp_path / "no-history.tsv")]) == 0
+    one, two = (json.loads((tmp_path / "rows" / b / "ab.json").read_text()) for b in ("b1", "b2"))
+    assert (one["steps"], two["steps"]) == ({"a": 5, "b": 12}, {"a": 5, "b": 8})
+    assert two["reused_a"].endswith("rows/b1/ab.json") and two["runs"]["a"] == one["runs"]["a"]
 
 
 @pytest.mark.parametrize(

@@ -183,7 +183,7 @@ def reused_a_runs(
         "the code": (prev.get("code", "not recorded"), code),
         "the corpus fingerprint": (prev["fingerprint"], corpus.fingerprint),
         "the device": (prev["device"], device),
-        "the step count": (prev["steps"], steps),
+        "arm A's step count": (prev["steps"]["a"] if isinstance(prev["steps"], dict) else prev["steps"], steps),
     }
     for what, (theirs, ours) in same.items():
         if theirs != ours:
