@@ -65,12 +65,8 @@ class World:
         stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
         return dict(zip(values, self._reduce(stacked, dist.ReduceOp.SUM) / self.size, strict=True))
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank when `flag` is True on at least one: ranks stop at the same step."""
-        return self.max(int(flag)) > 0
-
     def max(self, value: int) -> int:
-        """The largest of the ranks' `value`s, on every rank."""
+        """The largest of the ranks' `value`s, on every rank: ranks that stop, stop at the same step."""
         if self.size == 1:
             return value
         return int(self._reduce(torch.tensor([value]), dist.ReduceOp.MAX).item())

@@ -56,7 +56,14 @@ from dormouse.errors import ConfigError
 from dormouse.evaluation import eval_records, heldout_score
 from dormouse.model import precision
 from dormouse.model.model import DormouseLM
-from dormouse.tools.ab_price import PRICE_STEPS, PRICE_WARMUP, fitted_steps, measure_ms_per_step, price
+from dormouse.tools.ab_price import (
+    PRICE_STEPS,
+    PRICE_WARMUP,
+    fitted_steps,
+    measure_ms_per_step,
+    one_or_per_arm,
+    price,
+)
 from dormouse.tools.ab_report import depth_means, history_rows, report_lines, steps_text, summarise
 from dormouse.tools.ab_table import table
 from dormouse.tools.bench.device import device_name
@@ -325,7 +332,7 @@ class Plan:
     steps: dict[str, int] | None  # each arm's steps; None until the pricing run sets them (--minutes, --equal time)
     a_steps: int  # arm A's steps, the budget without --minutes
     minutes: float
-    equal: str  # "steps": both arms train the same steps; "time": each what it fits in `minutes`
+    equal: str  # "steps": both arms train the same steps; "time": each what fits in the same time
     corpus: Corpus
     note: str
     device: torch.device
@@ -435,8 +442,8 @@ def compare(args: argparse.Namespace) -> dict:
     print(cost["text"])
     pricing = pricing_run(p) if p.steps is None else None
     if p.equal == "time":
-        budget = f"--minutes {p.minutes:g}" if p.minutes else f"arm A's {p.a_steps} steps"
-        step_rule = f"--equal time: the steps each arm fits in {budget} at its pricing-run ms/step"
+        span = f"--minutes {p.minutes:g}" if p.minutes else f"arm A's {p.a_steps} steps"
+        step_rule = f"--equal time: the steps each arm fits in {span} at its pricing-run ms/step"
     elif p.minutes:
         step_rule = f"--minutes {p.minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
     else:
@@ -455,7 +462,7 @@ def compare(args: argparse.Namespace) -> dict:
         "data": p.note,
         "fingerprint": p.corpus.fingerprint,
         "seeds": p.seeds,
-        "steps": p.steps["a"] if p.steps["a"] == p.steps["b"] else p.steps,  # one count, or one per arm
+        "steps": one_or_per_arm(p.steps),
         "step_rule": step_rule,
         "pricing_run": pricing,
         "order": order,

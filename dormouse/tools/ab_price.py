@@ -46,6 +46,11 @@ def fitted_steps(ms: dict[str, float], equal: str, *, minutes: float = 0.0, step
     return dict.fromkeys(ms, max(1, int(minutes * 60_000 // max(ms.values()))))
 
 
+def one_or_per_arm(steps: dict[str, int]) -> int | dict[str, int]:
+    """ab.json's `steps`: one count when both arms train it, else one per arm."""
+    return steps["a"] if steps["a"] == steps["b"] else steps
+
+
 def eval_batches(cfg: Config, corpus: Corpus, steps: int) -> int:
     """Forward batches one run evaluates: an eval every eval_every steps and at the end, then the full walk."""
     t = cfg.train
@@ -113,5 +118,11 @@ def price(
         f"{_duration(train_s)}; evals ≈ {_duration(eval_s)} (estimate: a forward ≈ 1/3 of a step, "
         f"{forwards['a']}/{forwards['b']} eval batches per A/B run); total ≈ {_duration(train_s + eval_s)}"
     )
-    steps_of = n["a"] if n["a"] == n["b"] else n
-    return {"known": True, "text": text, "rows": found, "steps": steps_of, "train_s": train_s, "eval_s": eval_s}
+    return {
+        "known": True,
+        "text": text,
+        "rows": found,
+        "steps": one_or_per_arm(n),
+        "train_s": train_s,
+        "eval_s": eval_s,
+    }
