@@ -17,9 +17,9 @@ TINY += ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1", "--eval-
 
 def test_the_rule_by_hand():
     # tiny shakespeare's 1,003,854 training bytes and `small` (14,336,800 parameters), 16 KiB a step:
-    # data-limited, 32.64 · 1,003,854 / 16,384 = 1999.9 -> the recipe's 2000 steps
-    assert budget.auto_steps(1_003_854, 14_336_800, 16_384) == 2000
-    # a 21.7 MB corpus: 32.64 epochs would be 708 MB; 20 bytes per parameter caps it at 286,736,000 bytes
+    # data-limited, 40.8 · 1,003,854 / 16,384 = 2499.8 -> the recipe's 2500 steps
+    assert budget.auto_steps(1_003_854, 14_336_800, 16_384) == 2500
+    # a 21.7 MB corpus: 40.8 epochs would be 885 MB; 20 bytes per parameter caps it at 286,736,000 bytes
     assert budget.auto_steps(21_700_000, 14_336_800, 16_384) == 17_501  # 286,736,000 / 16,384 = 17500.98
     assert budget.auto_steps(10, 1000, 16_384) == 1  # at least one step
 
@@ -29,9 +29,9 @@ def test_given_steps_are_kept_and_auto_says_how_it_chose():
     assert budget.resolved(cfg, 10**6, 10**6) == (cfg, None)
     auto = config.build("nano", {"train": {"steps": "auto", "batch_size": 4, "seq_len": 32}})
     assert auto.train.steps == config.STEPS_AUTO
-    chosen, note = budget.resolved(auto, 1000, 10**6)  # 32.64 · 1000 / 128 = 255
-    assert chosen.train.steps == 255 and chosen.model == auto.model
-    assert note.startswith("steps auto: 255 (32.64 epochs of 1,000 training bytes, at 128 bytes a step")
+    chosen, note = budget.resolved(auto, 1000, 10**6)  # 40.8 · 1000 / 128 = 318.75
+    assert chosen.train.steps == 319 and chosen.model == auto.model
+    assert note.startswith("steps auto: 319 (40.8 epochs of 1,000 training bytes, at 128 bytes a step")
     chosen, note = budget.resolved(auto, 10**6, 100)  # 20 · 100 / 128 = 15.6
     assert chosen.train.steps == 16 and "20 bytes per parameter × 100 parameters" in note
 
