@@ -191,6 +191,12 @@ class TrainConfig:
     graph_update: bool = _f(
         True, "with --cuda-graph, the clip and update are a graph of their own", "performance", advanced=True
     )
+    precompile: bool = _f(
+        False,
+        "compile the Triton kernels side by side before the first step (CUDA, one process)",
+        "performance",
+        advanced=True,
+    )
     parallel: str = _f(
         "auto",
         "auto = ddp under torchrun, else none; fsdp = FSDP2",

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dormouse import counters, ledger, metrics
-from dormouse.data.sampler import count_heldout_batches, count_heldout_targets, heldout_windows
+from dormouse.data.sampler import count_heldout_batches, count_heldout_targets, heldout_shapes, heldout_windows
 from dormouse.data.shards import Corpus
 from dormouse.errors import DormouseError
 from dormouse.model import dspark, jepa
@@ -131,6 +131,18 @@ def heldout_score(
         if isinstance(aux[name], float) and not math.isfinite(aux[name]):
             raise NonFiniteError(f"held-out {name} term is {aux[name]} over {int(windows)} windows: not a score")
     return HeldOut(ce=ce, bytes=scored, engram="off" if engram is None else str(engram), aux=aux)
+
+
+@torch.no_grad()
+def dry_forwards(model, corpus: Corpus, *, seq_len: int, batch_size: int, eval_bytes: int, device, autocast) -> None:
+    """A forward of each batch shape of the held-out walk, on zeros: the kernels `heldout_score` launches,
+    for a dry pass (ops/precompile.py); their outputs are dropped."""
+    was_training = model.training
+    model.eval()
+    for i, shape in enumerate(heldout_shapes(corpus, seq_len, batch_size, eval_bytes or None)):
+        with autocast():
+            model(torch.zeros(shape, dtype=torch.long, device=device), jepa_starts=_eval_starts(model.cfg, i, shape))
+    model.train(was_training)
 
 
 def _eval_starts(m, i: int, shape) -> torch.Tensor | None:

@@ -155,6 +155,16 @@ def fla_borrowed_pin(tmp: Path, monkeypatch) -> None:
     fla_pin._apply(source, {}, lambda *hook: None)
 
 
+def precompile_skipped(tmp: Path, monkeypatch) -> None:
+    # Triton exists only on the GPU machine: a stand-in before 3.5, without the hook the dry pass needs.
+    from dormouse.ops import precompile
+
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(knobs=SimpleNamespace(runtime=SimpleNamespace())))
+    monkeypatch.setitem(sys.modules, "triton.runtime", SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "triton.runtime.autotuner", SimpleNamespace(Autotuner=object))
+    precompile.compile_ahead(lambda: None)
+
+
 TRIGGERS = {
     "checkpoint.file_missing": checkpoint_file_missing,
     "checkpoint.hash_mismatch": checkpoint_hash_mismatch,
@@ -175,6 +185,7 @@ TRIGGERS = {
     "memory.enforced": memory_enforced,
     "fla.unpinned": fla_unpinned,
     "fla.borrowed_pin": fla_borrowed_pin,
+    "precompile.skipped": precompile_skipped,
 }
 
 

@@ -637,3 +637,18 @@ def test_patience_stops_at_the_eval_that_spends_it_and_a_resume_goes_on(corpus, 
     assert out[-1].startswith("result: best held-out 3.0000 bpb at step 12 (")
     assert out[-1].endswith("; last eval 3.5000 bpb at step 20")
     assert run_json(run)["early_stop_step"] is None and len(train_losses(run)) == 20
+
+
+def test_a_dry_pass_leaves_the_run_as_it_was(corpus, tmp_path):
+    """Trainer.dry_pass (on CUDA ops/precompile.py records its Triton launches; here it runs, values and all)
+    leaves no gradient, buffer or RNG state behind: the run trains bitwise as one without it."""
+    cfg = tiny_config({"n_experts": 2, "dropout": 0.3}, byte_noise=0.1)
+    a, b = fresh(cfg, corpus, tmp_path / "a"), fresh(cfg, corpus, tmp_path / "b")
+    a.dry_pass()
+    assert all(p.grad is None for p in a.model.parameters())
+    buffers = dict(b.model.named_buffers())
+    assert buffers and all(torch.equal(x, buffers[name]) for name, x in a.model.named_buffers())
+    a.run_loop()
+    b.run_loop()
+    assert train_losses(a.run) == train_losses(b.run)
+    assert [e["bpb"] for e in evals(a.run)] == [e["bpb"] for e in evals(b.run)]

@@ -153,6 +153,15 @@ def heldout_windows(
         yield _shifted(corpus, full * seq_len, 1, rest)
 
 
+def heldout_shapes(
+    corpus: Corpus, seq_len: int, batch_size: int, max_bytes: int | None = None
+) -> list[tuple[int, int]]:
+    """The distinct (rows, length) shapes of the batches `heldout_windows` yields, in its order."""
+    full, rest = _heldout_walk(corpus, seq_len, batch_size, max_bytes)
+    rows = [min(batch_size, full)] + ([full % batch_size] if full > batch_size and full % batch_size else [])
+    return [(r, seq_len) for r in rows if r] + ([(1, rest)] if rest else [])
+
+
 def count_heldout_batches(corpus: Corpus, seq_len: int, batch_size: int, max_bytes: int | None = None) -> int:
     """How many batches `heldout_windows` yields."""
     full, rest = _heldout_walk(corpus, seq_len, batch_size, max_bytes)

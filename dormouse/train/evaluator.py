@@ -12,7 +12,7 @@ import dormouse
 from dormouse import counters, ledger
 from dormouse.config import Config
 from dormouse.data.shards import Corpus
-from dormouse.evaluation import depth_field, eval_line, eval_record, heldout_score
+from dormouse.evaluation import depth_field, dry_forwards, eval_line, eval_record, heldout_score
 from dormouse.model.model import DormouseLM
 from dormouse.parallel.world import World
 from dormouse.train.ema import WeightAverage
@@ -46,6 +46,19 @@ class Evaluator:
         """The weights a score of this run is of, in the model for a `with` block: the weight average
         under `ema_decay` (swapped in and back), else the trained weights as they are."""
         return self.ema.in_model() if self.ema is not None else contextlib.nullcontext()
+
+    def dry_pass(self) -> None:
+        """The eval's forwards on zeros, for a dry pass (ops/precompile.py)."""
+        t = self.cfg.train
+        dry_forwards(
+            self.model,
+            self.corpus,
+            seq_len=t.seq_len,
+            batch_size=t.batch_size,
+            eval_bytes=t.eval_bytes,
+            device=self.device,
+            autocast=self.autocast,
+        )
 
     def evaluate(self, step: int, window_ce: list[float], window_ms: list[float], depths: list[int]) -> dict:
         """The eval after `step` updates, of the training steps since the last one (their losses, times

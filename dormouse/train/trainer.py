@@ -30,7 +30,7 @@ from dormouse.data.sampler import Sampler, rank_rows
 from dormouse.data.shards import Corpus
 from dormouse.model import precision
 from dormouse.model.model import DormouseLM
-from dormouse.ops import passes
+from dormouse.ops import passes, precompile
 from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.fla import pin as fla_pin
 from dormouse.parallel.parallelize import parallelize
@@ -166,6 +166,8 @@ class Trainer:
             leave=False,
             disable=not self.world.is_main,
         )
+        if not self.step_ms and self.step < end:
+            self.compile_ahead()
         record, window_ce, window_ms = None, [], []
         interrupt = DeferredInterrupt()
         stop = False
@@ -252,6 +254,23 @@ class Trainer:
             "last_eval_bpb": last_bpb,
             "early_stop_step": self.early_stop_step,
         }
+
+    def compile_ahead(self) -> None:
+        """This process's Triton kernels compiled side by side before its first step (ops/precompile.py):
+        with --precompile, on CUDA, in one process (under torchrun each rank compiles as its first step runs)."""
+        if self.cfg.train.precompile and self.device.type == "cuda" and self.world.size == 1:
+            self.metrics.log(precompile.compile_ahead(self.dry_pass))
+
+    def dry_pass(self) -> None:
+        """A training step's forward and backward and the eval's forwards, their values dropped: what
+        ops/precompile.py records launches from. It leaves no gradient, buffer or RNG state behind."""
+        buffers = {name: b.clone() for name, b in self.model.named_buffers()}  # e.g. the experts' load
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self.step_runner.dry_pass()
+            self.evaluator.dry_pass()
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name])
 
     def result_line(self) -> str:
         return runs.result_line(self.run, self.result())
