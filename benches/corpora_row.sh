@@ -4,6 +4,7 @@
 # equal wall-clock (`ab --equal time`: the recipe trains its steps, the baseline what fits in their time),
 # 3 seeds. Writes OUT_DIR/ab.json and OUT_DIR/ab.png; the runs stay in a temporary folder.
 #   bash benches/corpora_row.sh CORPUS OUT_DIR [ab flags ...]     (e.g. --seeds 1 to try it)
+# Its evidence record: python benches/ab_record.py OUT_DIR/ab.json evidence/corpora-NAME.json --figure ... --command ...
 set -euo pipefail
 corpus=${1:?CORPUS}
 out=${2:?OUT_DIR}

@@ -4,6 +4,8 @@ the --minutes rule, --record and --eval-depths with the arms to be run) and ever
 import json
 import math
 import statistics
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,9 @@ from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, 
 from dormouse.tools.bench.provenance import code_fingerprint
 from dormouse.tools.bench.rows import ADDED_COLUMNS, COLUMNS, COMMITTED
 from dormouse.tools.history import measured_rows, read_history, setting
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+import ab_record  # noqa: E402
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--ffn-hidden", "64", "--kda-chunk-size", "16"]
 TINY += ["--engram-rows", "256", "--engram-dim", "8", "--seq-len", "32", "--batch-size", "4", "--device", "cpu"]
@@ -179,6 +184,20 @@ def test_two_seeds_write_every_number_and_repeat_bitwise(corpus_dir, tmp_path):
     for arm in ("a", "b"):
         assert [r["bpb"] for r in second["runs"][arm]] == [r["bpb"] for r in first["runs"][arm]]
         assert [r["curve"] for r in second["runs"][arm]] == [r["curve"] for r in first["runs"][arm]]
+
+    rec = ab_record.record(first, "a figure", "a command", "a source")  # its evidence record
+    assert set(rec) == {"figure", "value", "unit", "row", "command", "card", "commit", "date", "source"}
+    assert (rec["value"], rec["card"], rec["commit"]) == (
+        round(overall["a_bpb_mean"], 4),
+        first["device"],
+        first["commit"],
+    )
+    assert (rec["row"]["b_minus_a"], rec["row"]["ci95"]) == (
+        round(overall["diff_mean"], 4),
+        [round(x, 4) for x in overall["ci95"]],
+    )
+    pairs = [(round(r["a_bpb"], 4), round(r["b_bpb"], 4)) for r in first["per_seed"]]
+    assert [(s["a"], s["b"]) for s in rec["row"]["per_seed"]] == pairs and rec["row"]["b_flags"] == "--lr 0.01"
 
 
 def test_reuse_a_takes_arm_as_runs_and_trains_only_b(corpus_dir, tmp_path, capsys):
