@@ -47,35 +47,27 @@ class Evaluator:
         under `ema_decay` (swapped in and back), else the trained weights as they are."""
         return self.ema.in_model() if self.ema is not None else contextlib.nullcontext()
 
+    def walk(self) -> dict:
+        """The held-out walk of this run's evals: its windows, bytes, device and autocast."""
+        t = self.cfg.train
+        return {
+            "seq_len": t.seq_len,
+            "batch_size": t.batch_size,
+            "eval_bytes": t.eval_bytes,
+            "device": self.device,
+            "autocast": self.autocast,
+        }
+
     def dry_pass(self) -> None:
         """The eval's forwards on zeros, for a dry pass (ops/precompile.py)."""
-        t = self.cfg.train
-        dry_forwards(
-            self.model,
-            self.corpus,
-            seq_len=t.seq_len,
-            batch_size=t.batch_size,
-            eval_bytes=t.eval_bytes,
-            device=self.device,
-            autocast=self.autocast,
-        )
+        dry_forwards(self.model, self.corpus, **self.walk())
 
     def evaluate(self, step: int, window_ce: list[float], window_ms: list[float], depths: list[int]) -> dict:
         """The eval after `step` updates, of the training steps since the last one (their losses, times
         and loop depths): recorded in metrics.jsonl, its line logged; returns its record."""
         t = self.cfg.train
         with self.scored_weights():
-            held = heldout_score(
-                self.model,
-                self.corpus,
-                seq_len=t.seq_len,
-                batch_size=t.batch_size,
-                eval_bytes=t.eval_bytes,
-                device=self.device,
-                autocast=self.autocast,
-                world=self.world,
-                progress=True,
-            )
+            held = heldout_score(self.model, self.corpus, **self.walk(), world=self.world, progress=True)
         record = eval_record(
             step,
             held,
