@@ -14,13 +14,14 @@ import pytest
 import safetensors.torch
 import torch
 
-from dormouse import checkpoint, config, evaluation
+from dormouse import checkpoint, config, counters, evaluation, ledger
 from dormouse.cli import main
 from dormouse.data.shards import load_corpus
 from dormouse.errors import DormouseError
 from dormouse.evaluation import NonFiniteError, heldout_score
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import DormouseLM
+from dormouse.ops.fla import pin as fla_pin
 from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
 
@@ -639,12 +640,16 @@ def test_patience_stops_at_the_eval_that_spends_it_and_a_resume_goes_on(corpus, 
     assert run_json(run)["early_stop_step"] is None and len(train_losses(run)) == 20
 
 
-def test_a_dry_pass_leaves_the_run_as_it_was(corpus, tmp_path):
+def test_a_dry_pass_leaves_the_run_as_it_was(corpus, tmp_path, monkeypatch):
     """Trainer.dry_pass (on CUDA ops/precompile.py records its Triton launches; here it runs, values and all)
     leaves no gradient, buffer or RNG state behind: the run trains bitwise as one without it."""
     cfg = tiny_config({"n_experts": 2, "dropout": 0.3}, byte_noise=0.1)
     a, b = fresh(cfg, corpus, tmp_path / "a"), fresh(cfg, corpus, tmp_path / "b")
+    monkeypatch.setattr(ledger, "COUNTS", ledger.COUNTS.copy())
+    ledger.COUNTS[fla_pin.UNPINNED] = 2  # counted before it: stays
+    counts = counters.snapshot()
     a.dry_pass()
+    assert counters.snapshot() == counts and ledger.COUNTS[fla_pin.UNPINNED] == 2  # its forwards counted calls
     assert all(p.grad is None for p in a.model.parameters())
     buffers = dict(b.model.named_buffers())
     assert buffers and all(torch.equal(x, buffers[name]) for name, x in a.model.named_buffers())
@@ -652,3 +657,21 @@ def test_a_dry_pass_leaves_the_run_as_it_was(corpus, tmp_path):
     b.run_loop()
     assert train_losses(a.run) == train_losses(b.run)
     assert [e["bpb"] for e in evals(a.run)] == [e["bpb"] for e in evals(b.run)]
+
+
+def test_a_dry_pass_stopped_part_way_leaves_no_gradient_buffer_or_count(corpus, tmp_path, monkeypatch):
+    """ops/precompile.py ends the dry pass where an autotune would time (here: after the training backward,
+    at the eval's forwards); the gradients of that backward must not reach the first step's."""
+    trainer = fresh(tiny_config({"n_experts": 2}), corpus, tmp_path / "run")
+    before = {name: b.clone() for name, b in trainer.model.named_buffers()}
+    counts = counters.snapshot()
+
+    def stopped():
+        raise RuntimeError("an autotune the dry pass would time")
+
+    monkeypatch.setattr(trainer.evaluator, "dry_pass", stopped)
+    with pytest.raises(RuntimeError, match="would time"):
+        trainer.dry_pass()
+    assert all(p.grad is None for p in trainer.model.parameters())
+    assert all(torch.equal(b, before[name]) for name, b in trainer.model.named_buffers())
+    assert counters.snapshot() == counts

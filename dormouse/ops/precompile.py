@@ -9,7 +9,7 @@ of its own) into this process and Triton's disk cache. The real first step finds
 
 An autotuned kernel with no stored choice for its key would be timed on launches that do nothing: the
 dry pass stops there, and the step compiles and times its kernels as it goes (ledger
-`precompile.skipped`). Counters and ledger counts the dry pass moved are put back.
+`precompile.skipped`). The dry pass itself puts back whatever it moved (Trainer.dry_pass).
 """
 
 import os
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from dormouse import counters, ledger
+from dormouse import ledger
 
 SKIPPED = ledger.register(
     "precompile.skipped",
@@ -53,7 +53,6 @@ def compile_ahead(dry_pass: Callable[[], None], threads: int | None = None) -> s
     def would_time(self, *args, **kwargs):
         raise _WouldAutotune(getattr(self.base_fn, "__name__", "a kernel"))
 
-    counts, ledger_counts = counters.snapshot(), ledger.COUNTS.copy()
     hook, bench = knobs.runtime.jit_cache_hook, Autotuner._bench
     knobs.runtime.jit_cache_hook, Autotuner._bench = record, would_time
     untimed = None
@@ -63,9 +62,6 @@ def compile_ahead(dry_pass: Callable[[], None], threads: int | None = None) -> s
         untimed = str(e)
     finally:
         knobs.runtime.jit_cache_hook, Autotuner._bench = hook, bench
-        counters.restore(counts)
-        ledger.COUNTS.clear()
-        ledger.COUNTS.update(ledger_counts)
     if untimed is not None:
         return _skipped(f"{untimed} has no stored kernel choice for its key")
     threads = max(1, min(len(recorded), threads or os.cpu_count() or 1))

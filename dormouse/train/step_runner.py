@@ -121,12 +121,11 @@ class StepRunner:
         return t.pin_memory().to(self.device, non_blocking=True)
 
     def dry_pass(self) -> None:
-        """Step 0's forward and backward, its gradients then dropped: the kernels a training step launches,
-        for a dry pass (ops/precompile.py). Its dropout generator is keyed like every step's: nothing
+        """Step 0's forward and backward: the kernels a training step launches, for a dry pass
+        (Trainer.dry_pass drops the gradients). Its dropout generator is keyed like every step's: nothing
         a later step draws moves."""
         x, y, starts = self.read_batch(0)
         self.forward(x, y, starts, self.dropout_gen(0), self.step_depth(0)).loss.backward()
-        self.model.zero_grad(set_to_none=True)
 
     def run(self, step: int) -> float:
         """One update on batch `step`; returns the training cross-entropy (nats). Its phases are named

@@ -39,6 +39,7 @@ from dormouse.train import budget
 from dormouse.train.checkpointer import Checkpointer
 from dormouse.train.ema import WeightAverage
 from dormouse.train.evaluator import Evaluator
+from dormouse.train.graphed import CountSnapshot
 from dormouse.train.metrics import MetricsWriter
 from dormouse.train.routing import build_optimizers, describe, route
 from dormouse.train.signals import DeferredInterrupt, lost_note, stopped_note
@@ -263,14 +264,20 @@ class Trainer:
 
     def dry_pass(self) -> None:
         """A training step's forward and backward and the eval's forwards, their values dropped: what
-        ops/precompile.py records launches from. It leaves no gradient, buffer or RNG state behind."""
+        ops/precompile.py records launches from. It leaves no gradient, buffer, counter or RNG state
+        behind, also when it stops part-way (precompile ends it at an untimed autotune, in the backward)."""
         buffers = {name: b.clone() for name, b in self.model.named_buffers()}  # e.g. the experts' load
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            self.step_runner.dry_pass()
-            self.evaluator.dry_pass()
-        with torch.no_grad():
-            for name, b in self.model.named_buffers():
-                b.copy_(buffers[name])
+        counts = CountSnapshot()
+        try:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                self.step_runner.dry_pass()
+                self.evaluator.dry_pass()
+        finally:
+            self.model.zero_grad(set_to_none=True)  # the first step's backward would add to them
+            counts.restore()
+            with torch.no_grad():
+                for name, b in self.model.named_buffers():
+                    b.copy_(buffers[name])
 
     def result_line(self) -> str:
         return runs.result_line(self.run, self.result())
