@@ -192,7 +192,7 @@ class TrainConfig:
         True, "with --cuda-graph, the clip and update are a graph of their own", "performance", advanced=True
     )
     precompile: bool = _f(
-        False,
+        True,
         "compile the Triton kernels side by side before the first step (CUDA, one process)",
         "performance",
         advanced=True,
