@@ -21,6 +21,7 @@ from dormouse.errors import DormouseError
 from dormouse.evaluation import NonFiniteError, heldout_score
 from dormouse.model.loop import sample_depth
 from dormouse.model.model import DormouseLM
+from dormouse.ops import precompile
 from dormouse.ops.fla import pin as fla_pin
 from dormouse.resolve import resolve
 from dormouse.train.trainer import Trainer
@@ -675,3 +676,19 @@ def test_a_dry_pass_stopped_part_way_leaves_no_gradient_buffer_or_count(corpus, 
     assert all(p.grad is None for p in trainer.model.parameters())
     assert all(torch.equal(b, before[name]) for name, b in trainer.model.named_buffers())
     assert counters.snapshot() == counts
+
+
+def test_a_torchrun_job_on_cuda_counts_its_skipped_precompile(corpus, tmp_path, monkeypatch):
+    """--precompile is one process's: under torchrun each rank compiles as its first step runs, and the run's
+    log and the ledger say so; off CUDA nothing compiles and nothing is counted."""
+    trainer = fresh(tiny_config(), corpus, tmp_path / "run")
+    monkeypatch.setattr(ledger, "COUNTS", ledger.COUNTS.copy())
+    monkeypatch.setattr(trainer, "dry_pass", lambda: pytest.fail("a job of two processes ran the dry pass"))
+    trainer.compile_ahead()  # the CPU
+    assert ledger.COUNTS[precompile.SKIPPED] == 0
+    monkeypatch.setattr(trainer, "device", torch.device("cuda"))
+    monkeypatch.setattr(trainer, "world", dataclasses.replace(trainer.world, size=2))
+    trainer.compile_ahead()
+    assert ledger.COUNTS[precompile.SKIPPED] == 1
+    line = "precompile: skipped, a job of 2 processes: the first step compiles and times its kernels one by one"
+    assert line in (trainer.run / "train.log").read_text()

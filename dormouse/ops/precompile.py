@@ -23,8 +23,8 @@ SKIPPED = ledger.register(
     "precompile.skipped",
     ledger.Kind.COUNTED,
     "a Triton kernel of the dry pass has no stored autotuning choice for its key (or this Triton is too old "
-    "to have jit_cache_hook): the run's kernels compile one after another as the first step launches them, "
-    "not side by side ahead of it",
+    "to have jit_cache_hook, or the run is a torchrun job of several processes): the run's kernels compile "
+    "one after another as the first step launches them, not side by side ahead of it",
     __name__,
 )
 
@@ -40,7 +40,7 @@ def compile_ahead(dry_pass: Callable[[], None], threads: int | None = None) -> s
     from triton.runtime.autotuner import Autotuner
 
     if not hasattr(knobs.runtime, "jit_cache_hook"):  # Triton before 3.5
-        return _skipped("this Triton has no jit_cache_hook")
+        return skipped("this Triton has no jit_cache_hook")
     from triton.runtime._async_compile import AsyncCompileMode
 
     started = time.monotonic()
@@ -63,7 +63,7 @@ def compile_ahead(dry_pass: Callable[[], None], threads: int | None = None) -> s
     finally:
         knobs.runtime.jit_cache_hook, Autotuner._bench = hook, bench
     if untimed is not None:
-        return _skipped(f"{untimed} has no stored kernel choice for its key")
+        return skipped(f"{untimed} has no stored kernel choice for its key")
     threads = max(1, min(len(recorded), threads or os.cpu_count() or 1))
     with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool):
         for data, kernel in recorded.items():
@@ -72,6 +72,7 @@ def compile_ahead(dry_pass: Callable[[], None], threads: int | None = None) -> s
     return f"precompile: {len(recorded)} Triton kernels compiled on {threads} threads in {took:.1f} s"
 
 
-def _skipped(why: str) -> str:
+def skipped(why: str) -> str:
+    """Count the skip on the ledger; the line for the run's log."""
     ledger.count(SKIPPED)
     return f"precompile: skipped, {why}: the first step compiles and times its kernels one by one [ledger: {SKIPPED}]"

@@ -258,9 +258,14 @@ class Trainer:
 
     def compile_ahead(self) -> None:
         """This process's Triton kernels compiled side by side before its first step (ops/precompile.py):
-        with --precompile, on CUDA, in one process (under torchrun each rank compiles as its first step runs)."""
-        if self.cfg.train.precompile and self.device.type == "cuda" and self.world.size == 1:
-            self.metrics.log(precompile.compile_ahead(self.dry_pass))
+        with --precompile, on CUDA, in one process; a torchrun job's ranks compile as their first step runs
+        (counted on the ledger)."""
+        if not (self.cfg.train.precompile and self.device.type == "cuda"):
+            return  # off the GPU no Triton kernel compiles
+        if self.world.size > 1:
+            self.metrics.log(precompile.skipped(f"a job of {self.world.size} processes"))
+            return
+        self.metrics.log(precompile.compile_ahead(self.dry_pass))
 
     def dry_pass(self) -> None:
         """A training step's forward and backward and the eval's forwards, their values dropped: what
