@@ -66,7 +66,7 @@ class ModelConfig:
     attn_qk_norm: bool = _f(True, "RMSNorm on attention queries and keys before RoPE", "model", advanced=True)
     norm_eps: float = _f(1e-6, "RMSNorm epsilon", "model", lo=0.0, hi=1e-2, lo_open=True, advanced=True)
     dropout: float = _f(
-        0.3, "dropout on the embedding and each mixer/FFN output (training only)", "model", lo=0.0, hi=1.0, hi_open=True
+        0.0, "dropout on the embedding and each mixer/FFN output (training only)", "model", lo=0.0, hi=1.0, hi_open=True
     )
     drop_path: float = _f(
         0.0, "stochastic depth: drop a layer's output for a whole sequence", "model", lo=0.0, hi=1.0, hi_open=True
@@ -140,7 +140,7 @@ class TrainConfig:
     seq_len: int = _f(256, "bytes per training sequence", "data", lo=1)
     batch_size: int = _f(8, "sequences per step", "data", lo=1)
     byte_noise: float = _f(
-        0.1, "fraction of input bytes replaced by random bytes (targets kept)", "data", lo=0.0, hi=1.0, hi_open=True
+        0.0, "fraction of input bytes replaced by random bytes (targets kept)", "data", lo=0.0, hi=1.0, hi_open=True
     )
     byte_noise_source: str = _f(
         "uniform", "what replaces a noised byte", "data", choices=BYTE_NOISE_SOURCES, advanced=True

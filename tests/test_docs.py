@@ -132,14 +132,23 @@ def test_preset_table_is_the_resolved_presets():
 def test_the_defaults_and_the_recipe_training_md_states_are_the_code_s():
     text = " ".join((ROOT / "docs" / "training.md").read_text().split())
     defaults = re.search(
-        r"AdamW, weight decay ([\d.]+), dropout ([\d.]+), (\d+) % input byte noise, a cosine schedule ending at half "
+        r"AdamW, weight decay ([\d.]+), no dropout and no input byte noise, a cosine schedule ending at half "
         r"the peak learning rate, an exponential weight average \(decay ([\d.]+)\) .*? once (\d+) evals",
         text,
     )
     c = config.build()
-    want = [c.train.weight_decay, c.model.dropout, round(100 * c.train.byte_noise), c.train.ema_decay, c.train.patience]
-    assert (c.train.opt, c.train.lr_decay, c.train.lr_floor) == ("adamw", "cosine", 0.5)
-    assert [float(defaults[1]), float(defaults[2]), int(defaults[3]), float(defaults[4]), int(defaults[5])] == want
+    assert (c.train.opt, c.train.lr_decay, c.train.lr_floor, c.model.dropout, c.train.byte_noise) == (
+        "adamw",
+        "cosine",
+        0.5,
+        0.0,
+        0.0,
+    )
+    assert [float(defaults[1]), float(defaults[2]), int(defaults[3])] == [
+        c.train.weight_decay,
+        c.train.ema_decay,
+        c.train.patience,
+    ]
     recipe = re.search(
         r"`configs/tinyshakespeare.toml` is the recipe [^:]*: `(\w+)`, (\d+) steps of (\d+) windows of (\d+) bytes "
         r"\(([\d.]+) M bytes\), evals every (\d+) steps",
@@ -150,6 +159,9 @@ def test_the_defaults_and_the_recipe_training_md_states_are_the_code_s():
     assert recipe[1] == values["preset"]
     assert [int(recipe[i]) for i in (2, 3, 4, 6)] == [t.steps, t.batch_size, t.seq_len, t.eval_every]
     assert recipe[5] == f"{t.steps * t.batch_size * t.seq_len / 1e6:.1f}"
+    regularisers = re.search(r"The tiny-shakespeare recipe, [^:]*: `--dropout ([\d.]+) --byte-noise ([\d.]+)`", text)
+    r = config.build(values["preset"], config.toml_overrides(values, "recipe"))
+    assert [float(regularisers[1]), float(regularisers[2])] == [r.model.dropout, r.train.byte_noise]
 
 
 def test_every_parameter_count_in_the_docs_is_the_built_model_s():
