@@ -147,7 +147,7 @@ class TrainConfig:
     )
     opt: str = _f("adamw", "adamw, or sinkhorn: Nesterov+Sinkhorn on the matrices", "optimizer", choices=OPTS)
     lr: float = _f(3e-3, "peak learning rate", "optimizer", lo=0.0)
-    weight_decay: float = _f(2.0, "decoupled weight decay on matrices", "optimizer", lo=0.0)
+    weight_decay: float = _f(0.1, "decoupled weight decay on matrices", "optimizer", lo=0.0)
     sinkhorn_lr_scale: float = _f(1.0, "--opt sinkhorn: lr multiplier of the matrices", "optimizer", lo=0.0)
     grad_clip: float = _f(1.0, "global gradient-norm clip; 0 = off", "optimizer", lo=0.0)
     ema_decay: float = _f(

@@ -166,9 +166,9 @@ def test_tinyshakespeare_recipe_stays_within_nanogpts_bytes_with_five_evals_endi
 
 
 # What a recipe may set away from the defaults: the corpus's sizes and budget, its eval cadence, and the
-# regularisers a small corpus needs against memorising it (dropout, byte noise).
+# regularisers a small corpus needs against memorising it (dropout, byte noise, weight decay).
 SIZES_AND_BUDGET = {"seq_len", "batch_size", "steps", "minutes", "eval_every", "eval_bytes", "ckpt_every"}
-CORPUS_SETTINGS = SIZES_AND_BUDGET | {"dropout", "byte_noise"}
+CORPUS_SETTINGS = SIZES_AND_BUDGET | {"dropout", "byte_noise", "weight_decay"}
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
@@ -187,7 +187,7 @@ def test_defaults_are_the_recipes_choices(path):
 
 def test_the_defaults_are_the_measured_best():
     m, t = config.Config().model, config.Config().train
-    assert (m.engram, m.dropout, t.opt, t.weight_decay, t.lr_floor) == (False, 0.0, "adamw", 2.0, 0.5)
+    assert (m.engram, m.dropout, t.opt, t.weight_decay, t.lr_floor) == (False, 0.0, "adamw", 0.1, 0.5)
     assert (t.byte_noise, t.ema_decay, t.dtype, t.cuda_graph) == (0.0, 0.998, "auto", None)
     assert all(name in ("nano", "small", "base") for name in config.PRESETS)
     sized = {f.name for cls in config.SECTIONS.values() for f in fields(cls) if f.metadata["group"] in ("model",)}

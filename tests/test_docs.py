@@ -159,9 +159,11 @@ def test_the_defaults_and_the_recipe_training_md_states_are_the_code_s():
     assert recipe[1] == values["preset"]
     assert [int(recipe[i]) for i in (2, 3, 4, 6)] == [t.steps, t.batch_size, t.seq_len, t.eval_every]
     assert recipe[5] == f"{t.steps * t.batch_size * t.seq_len / 1e6:.1f}"
-    regularisers = re.search(r"The tiny-shakespeare recipe, [^:]*: `--dropout ([\d.]+) --byte-noise ([\d.]+)`", text)
+    regularisers = re.search(
+        r"The tiny-shakespeare recipe, [^:]*: `--dropout ([\d.]+) --byte-noise ([\d.]+) --weight-decay ([\d.]+)`", text
+    )
     r = config.build(values["preset"], config.toml_overrides(values, "recipe"))
-    assert [float(regularisers[1]), float(regularisers[2])] == [r.model.dropout, r.train.byte_noise]
+    assert [float(regularisers[i]) for i in (1, 2, 3)] == [r.model.dropout, r.train.byte_noise, r.train.weight_decay]
 
 
 def test_every_parameter_count_in_the_docs_is_the_built_model_s():
