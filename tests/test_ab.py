@@ -16,7 +16,7 @@ from dormouse.data.shards import load_corpus
 from dormouse.resolve import resolve
 from dormouse.tools import ab, ab_merge, ab_table
 from dormouse.tools.ab_price import fitted_steps, price
-from dormouse.tools.ab_report import report_lines
+from dormouse.tools.ab_report import report_lines, steps_text
 from dormouse.tools.ab_stats import NO_INTERVAL, paired_difference, t_critical, verdict
 from dormouse.tools.bench.provenance import code_fingerprint
 from dormouse.tools.bench.rows import ADDED_COLUMNS, COLUMNS, COMMITTED
@@ -462,6 +462,41 @@ def test_merge_refuses_inputs_of_other_comparisons(second, message, corpus_dir, 
     inputs = [str(tmp_path / name / "ab.json") for name in ("one", "two")]
     assert ab_merge.main([*inputs, "--out", str(tmp_path / "merged")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "merged").exists()
+
+
+def test_merge_of_equal_time_jobs_keeps_each_jobs_priced_steps(corpus_dir, tmp_path, capsys):
+    # Under --equal time each job prices its arms' steps itself: B's may differ from job to job.
+    rule = "--equal time: the steps each arm fits in arm A's 3 steps at its pricing-run ms/step"
+    inputs = []
+    for seed, b_steps in ((0, 5), (1, 6)):
+        result = run_ab(
+            corpus_dir,
+            tmp_path,
+            f"s{seed}",
+            "--a",
+            "",
+            "--b",
+            "--lr 0.01",
+            "--steps",
+            "3",
+            "--seeds",
+            "1",
+            "--seed",
+            str(seed),
+        )
+        result["step_rule"], result["steps"] = rule, {"a": 3, "b": b_steps}
+        result["arms"]["b"]["config"]["train"]["steps"] = b_steps
+        result["runs"]["b"][0]["steps"] = b_steps
+        path = tmp_path / f"s{seed}" / "ab.json"
+        path.write_text(json.dumps(result))
+        inputs.append(str(path))
+    assert ab_merge.main([*inputs, "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "ab.json").read_text())
+    assert merged["steps"] == {"a": 3, "b": [5, 6]} and steps_text(merged["steps"]) == "A 3, B 5/6"
+    fixed = json.loads(Path(inputs[1]).read_text()) | {"step_rule": "--steps 3"}
+    Path(inputs[1]).write_text(json.dumps(fixed))  # the same steps under a fixed rule: refused
+    assert ab_merge.main([*inputs, "--out", str(tmp_path / "m2")]) == 2
+    assert "step_rule differs" in capsys.readouterr().err
 
 
 def test_merge_refuses_a_comparison_without_a_code_fingerprint(corpus_dir, tmp_path, capsys):

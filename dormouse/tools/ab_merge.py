@@ -6,8 +6,10 @@ A job on a GPU machine is often limited in time, so a three-seed A/B at a long b
 seed round per job (`dormouse ab --seeds 1 --seed N`). This puts the rounds back together: the paired difference,
 its interval and verdict are computed over every seed (tools/ab_stats.py, as `dormouse ab` does), and
 DIR gets ab.json and ab.png. Refused unless every input is the same comparison: the same code (ab.json's
-`code`, not the commit), corpus, device, steps and both arms' configs apart from the seed, with no seed
-twice. Each input's arm-A runs are its own (trained or reused there); nothing is trained here.
+`code`, not the commit), corpus, device, step rule, steps and both arms' configs apart from the seed, with
+no seed twice. Under `--equal time` each job priced its arms' steps itself, so the steps may differ
+between jobs: the merged `steps` then lists each seed's, in seed order. Each input's arm-A runs are its
+own (trained or reused there); nothing is trained here.
 """
 
 import argparse
@@ -20,11 +22,14 @@ from dormouse.tools.ab import ARMS, _differences
 from dormouse.tools.ab_report import depth_means, report_lines, summarise
 from dormouse.tools.bench.rows import shown_path
 
-SAME = ("code", "fingerprint", "device", "steps", "preset")
+SAME = ("code", "fingerprint", "device", "preset")
+EQUAL_TIME = "--equal time"
 
 
-def _without_seed(config: dict) -> dict:
-    return {**config, "train": {k: v for k, v in config["train"].items() if k != "seed"}}
+def _comparable(config: dict, priced: bool) -> dict:
+    """The arm's config less what may differ between the jobs: the seed, and the steps where priced."""
+    apart = {"seed", "steps"} if priced else {"seed"}
+    return {**config, "train": {k: v for k, v in config["train"].items() if k not in apart}}
 
 
 def merge(results: list[tuple[Path, dict]]) -> dict:
@@ -33,13 +38,16 @@ def merge(results: list[tuple[Path, dict]]) -> dict:
     for path, result in results:
         if "code" not in result:
             raise ConfigError(f"{path} has no code fingerprint (written before ab recorded one): cannot tell its code")
+    # Steps priced per job (equal time) may differ; any other rule fixes them.
+    priced = first.get("step_rule", "").startswith(EQUAL_TIME)
+    same = (*SAME, "step_rule") if priced else (*SAME, "steps", "step_rule")
     for path, result in rest:
-        for key in SAME:
+        for key in same:
             if result.get(key) != first.get(key):
                 raise ConfigError(f"{path}: {key} differs from {first_path} ({result.get(key)} vs {first.get(key)})")
         for arm in ARMS:
             differ = _differences(
-                _without_seed(first["arms"][arm]["config"]), _without_seed(result["arms"][arm]["config"])
+                _comparable(first["arms"][arm]["config"], priced), _comparable(result["arms"][arm]["config"], priced)
             )
             if differ:
                 raise ConfigError(
@@ -50,10 +58,15 @@ def merge(results: list[tuple[Path, dict]]) -> dict:
         raise ConfigError(f"a seed appears twice among the inputs ({seeds}): each seed round counts once")
     runs = {arm: sorted((r for _, res in results for r in res["runs"][arm]), key=lambda r: r["seed"]) for arm in ARMS}
     per_seed, overall = summarise(runs)
+    merged_steps = first["steps"]
+    if priced and any(result["steps"] != merged_steps for _, result in rest):
+        each = {arm: [r["steps"] for r in runs[arm]] for arm in ARMS}
+        merged_steps = {arm: s[0] if len(set(s)) == 1 else s for arm, s in each.items()}
     if all("bpb_by_depth" in r for arm in ARMS for r in runs[arm]):
         overall["bpb_by_depth"] = {arm: depth_means(runs[arm]) for arm in ARMS}
     return {
-        **{key: first[key] for key in ("code", "device", "preset", "data", "fingerprint", "steps", "step_rule")},
+        **{key: first[key] for key in ("code", "device", "preset", "data", "fingerprint", "step_rule")},
+        "steps": merged_steps,
         "commit": sorted({result["commit"] for _, result in results}),
         "torch": sorted({result["torch"] for _, result in results}),
         "seeds": sorted(seeds),

@@ -12,11 +12,13 @@ from dormouse.tools.bench.rows import cell, shown_path, timing_columns
 from dormouse.tools.history import setting
 
 
-def steps_text(steps: dict[str, int] | int) -> str:
-    """'N' when both arms train N steps, else 'A n, B m' (ab.json's `steps`: an int, or one per arm)."""
+def steps_text(steps: dict[str, int | list[int]] | int) -> str:
+    """'N' when both arms train N steps, else 'A n, B m' (ab.json's `steps`: an int, or one per arm; an
+    arm's is a list, one per seed, where merged jobs priced it apart: 'B 4182/4296')."""
     if isinstance(steps, int):
         return str(steps)
-    return str(steps["a"]) if steps["a"] == steps["b"] else f"A {steps['a']}, B {steps['b']}"
+    text = {arm: "/".join(map(str, n)) if isinstance(n, list) else str(n) for arm, n in steps.items()}
+    return text["a"] if steps["a"] == steps["b"] else f"A {text['a']}, B {text['b']}"
 
 
 def depth_means(runs: list[dict]) -> dict[str, float]:
