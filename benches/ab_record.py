@@ -35,7 +35,8 @@ def record(ab: dict, figure: str, command: str, source: str) -> dict:
         "row": row,
         "command": command,
         "card": ab["device"],
-        "commit": ab["commit"],
+        # a merged comparison (dormouse.tools.ab_merge) lists its jobs' commits
+        "commit": ab["commit"] if isinstance(ab["commit"], str) else ", ".join(ab["commit"]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "source": source,
     }
