@@ -79,6 +79,8 @@ from dormouse.train import budget
 from dormouse.train.trainer import Trainer
 
 ARMS = ("a", "b")
+# How ab.json's step_rule opens under `--equal time` (ab_merge tells such comparisons by it).
+EQUAL_TIME_RULE = "--equal time"
 # Held equal by construction: an arm that sets one of these is refused, `ab` itself takes them for both.
 SHARED = {
     "train.seed": "seed round i trains both arms with seed --seed + i",
@@ -443,7 +445,7 @@ def compare(args: argparse.Namespace) -> dict:
     pricing = pricing_run(p) if p.steps is None else None
     if p.equal == "time":
         span = f"--minutes {p.minutes:g}" if p.minutes else f"arm A's {p.a_steps} steps"
-        step_rule = f"--equal time: the steps each arm fits in {span} at its pricing-run ms/step"
+        step_rule = f"{EQUAL_TIME_RULE}: the steps each arm fits in {span} at its pricing-run ms/step"
     elif p.minutes:
         step_rule = f"--minutes {p.minutes:g}: the steps the slower arm fits in the budget at its pricing-run ms/step"
     else:

@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 from dormouse.errors import ConfigError
-from dormouse.tools.ab import ARMS, _differences
+from dormouse.tools.ab import ARMS, EQUAL_TIME_RULE, _differences
 from dormouse.tools.ab_report import depth_means, report_lines, summarise
 from dormouse.tools.bench.rows import shown_path
 
 SAME = ("code", "fingerprint", "device", "preset")
-EQUAL_TIME = "--equal time"
 
 
 def _comparable(config: dict, priced: bool) -> dict:
@@ -39,7 +38,7 @@ def merge(results: list[tuple[Path, dict]]) -> dict:
         if "code" not in result:
             raise ConfigError(f"{path} has no code fingerprint (written before ab recorded one): cannot tell its code")
     # Steps priced per job (equal time) may differ; any other rule fixes them.
-    priced = first.get("step_rule", "").startswith(EQUAL_TIME)
+    priced = first.get("step_rule", "").startswith(EQUAL_TIME_RULE)
     same = (*SAME, "step_rule") if priced else (*SAME, "steps", "step_rule")
     for path, result in rest:
         for key in same:
