@@ -1,6 +1,6 @@
 """dormouse's Triton kernels on the CPU, under Triton's interpreter (tests/triton_interpreter.py), against
 float64: the kernels' indexing, masks, strides, loops and fp32 arithmetic checked in every CI run, where
-the GPU tests (tests/gpu/) run only when a device is lent. Small shapes, ragged against the blocks; the
+the GPU tests (tests/gpu/) run only on a CUDA machine. Small shapes, ragged against the blocks; the
 optimizers' and the tables' kernels through their callers' CUDA code paths; and a nano model's step with
 every dormouse kernel it has against its torch paths.
 

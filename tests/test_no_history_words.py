@@ -33,6 +33,15 @@ def test_no_development_history_in_the_product():
     assert not hits, f"{len(hits)} lines carry development history:\n" + "\n".join(hits)
 
 
+def test_evidence_rows_name_commits_not_sessions():
+    hits = []
+    for path in sorted((ROOT / "evidence").iterdir()):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bsessions?\b", line, re.I):
+                hits.append(f"{path.name}:{i}")
+    assert not hits, "evidence names work sessions (name the commit instead): " + ", ".join(hits)
+
+
 def test_the_pattern_catches_what_it_names():
     for text in ("measured in session 14", "the lent H200", "device call 3", "(the predecessor read it)"):
         assert PATTERN.search(text), text
