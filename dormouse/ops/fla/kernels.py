@@ -127,14 +127,6 @@ def rms_norm_gated() -> tuple[Callable | None, str]:
 
 
 @functools.cache
-def causal_conv1d() -> tuple[Callable | None, str]:
-    """fla's causal depthwise conv over [B, T, D] (a Triton kernel with its own backward, activation fused),
-    or None and why not. The model runs dormouse's own conv kernels (ops/short_conv/triton.py);
-    benches/conv_probe.py times this one beside them. Opaque to torch.compile (see `_opaque`)."""
-    return _opaque(*_import("fla.modules.causal_conv1d", "causal_conv1d"))
-
-
-@functools.cache
 def swiglu() -> tuple[object | None, str]:
     """fla's activation kernels module (`swiglu_fwd_kernel`, `swiglu_fwdbwd_kernel`, `prepare_input`), or None
     and why not. The model runs dormouse's own SwiGLU kernels (ops/swiglu/triton.py, the same bits);
