@@ -24,22 +24,24 @@ def product_files() -> list[Path]:
     return files
 
 
+def lines_matching(paths: list[Path], pattern: re.Pattern) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
+        for path in paths
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+
+
 def test_no_development_history_in_the_product():
-    hits = []
-    for path in product_files():
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if PATTERN.search(line):
-                hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()[:120]}")
+    hits = lines_matching(product_files(), PATTERN)
     assert not hits, f"{len(hits)} lines carry development history:\n" + "\n".join(hits)
 
 
 def test_evidence_rows_name_commits_not_sessions():
-    hits = []
-    for path in sorted((ROOT / "evidence").iterdir()):
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"\bsessions?\b", line, re.I):
-                hits.append(f"{path.name}:{i}")
-    assert not hits, "evidence names work sessions (name the commit instead): " + ", ".join(hits)
+    # Evidence says which device call measured a figure, but a work session is not its provenance.
+    hits = lines_matching(sorted((ROOT / "evidence").iterdir()), re.compile(r"\bsessions?\b", re.I))
+    assert not hits, "evidence names work sessions (name the commit instead):\n" + "\n".join(hits)
 
 
 def test_the_pattern_catches_what_it_names():
