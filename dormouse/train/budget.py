@@ -14,8 +14,8 @@ On the validation slice 2500 steps came within 0.0023 bpb of the best budget tri
 2750) and 0.0157 bpb under 2000 (evidence/recipe-sweep.json). BYTES_PER_PARAM is Chinchilla's ratio
 taken for bytes, a compute budget rather than the best score: on python-stdlib at `nano` each doubling
 of it still lowered held-out bpb, by 0.169, 0.1792 and 0.0811 (evidence/budget-nano-python-stdlib.json), and the
-recipe's `small` with the large-corpus settings was still improving at 8 passes over that corpus, past
-16 bytes per parameter (evidence/budget-small-python-stdlib.json).
+recipe's `small` with the large-corpus settings was still improving at 8 passes over that corpus, 16
+bytes per parameter (evidence/budget-small-python-stdlib.json).
 """
 
 from dataclasses import replace
