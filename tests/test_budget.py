@@ -19,8 +19,8 @@ def test_the_rule_by_hand():
     # tiny shakespeare's 1,003,854 training bytes and `small` (14,336,800 parameters), 16 KiB a step:
     # data-limited, 40.8 · 1,003,854 / 16,384 = 2499.8 -> the recipe's 2500 steps
     assert budget.auto_steps(1_003_854, 14_336_800, 16_384) == 2500
-    # a 21.7 MB corpus: 40.8 epochs would be 885 MB; 20 bytes per parameter caps it at 286,736,000 bytes
-    assert budget.auto_steps(21_700_000, 14_336_800, 16_384) == 17_501  # 286,736,000 / 16,384 = 17500.98
+    # a 21.7 MB corpus: 40.8 epochs would be 885 MB; 40 bytes per parameter caps it at 573,472,000 bytes
+    assert budget.auto_steps(21_700_000, 14_336_800, 16_384) == 35_002  # 573,472,000 / 16,384 = 35001.95
     assert budget.auto_steps(10, 1000, 16_384) == 1  # at least one step
 
 
@@ -32,8 +32,8 @@ def test_given_steps_are_kept_and_auto_says_how_it_chose():
     chosen, note = budget.resolved(auto, 1000, 10**6)  # 40.8 · 1000 / 128 = 318.75
     assert chosen.train.steps == 319 and chosen.model == auto.model
     assert note.startswith("steps auto: 319 (40.8 epochs of 1,000 training bytes, at 128 bytes a step")
-    chosen, note = budget.resolved(auto, 10**6, 100)  # 20 · 100 / 128 = 15.6
-    assert chosen.train.steps == 16 and "20 bytes per parameter × 100 parameters" in note
+    chosen, note = budget.resolved(auto, 10**6, 100)  # 40 · 100 / 128 = 31.25
+    assert chosen.train.steps == 31 and "40 bytes per parameter × 100 parameters" in note
 
 
 def test_bad_steps_are_refused(capsys):
