@@ -3,6 +3,8 @@
 # best held-out eval) and its evals. For choosing a recipe on a validation slice.
 #   bash benches/sweep.sh CORPUS OUT_DIR CONFIG "FLAGS" ["FLAGS" ...]
 # JOBS=N (default 1) trains N at a time on the one device: each run's bpb is as alone, its ms/step is not.
+# Run again with the same arguments, it resumes each run that was stopped before its result line (e.g. by
+# a device call's limit) and leaves the finished ones: a sweep longer than one call takes several.
 set -uo pipefail
 corpus=${1:?CORPUS}
 out=${2:?OUT_DIR}
@@ -10,9 +12,16 @@ config=${3:?CONFIG}
 shift 3
 mkdir -p "$out"
 one_run() { # INDEX FLAGS
-  # shellcheck disable=SC2086  # FLAGS is split into flags on purpose
-  python3 -m dormouse train --config "$config" --data "$corpus" --out "$out/run-$1" $2 >"$out/run-$1.log" 2>&1
-  echo "run-$1 [$2] rc $?: $(tr '\r' '\n' <"$out/run-$1.log" | grep -a '^result' | tail -1)"
+  local run="$out/run-$1" rc=0
+  if ! grep -aq '^result' "$run.log" 2>/dev/null; then
+    if compgen -G "$run/ckpt/step-*" >/dev/null; then
+      python3 -m dormouse train --resume "$run" --data "$corpus" >>"$run.log" 2>&1 || rc=$?
+    else
+      # shellcheck disable=SC2086  # FLAGS is split into flags on purpose
+      python3 -m dormouse train --config "$config" --data "$corpus" --out "$run" $2 >"$run.log" 2>&1 || rc=$?
+    fi
+  fi
+  echo "run-$1 [$2] rc $rc: $(tr '\r' '\n' <"$run.log" | grep -a '^result' | tail -1)"
 }
 export -f one_run
 export config corpus out
