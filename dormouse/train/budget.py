@@ -13,9 +13,10 @@ EPOCHS is the recipe's budget on tiny shakespeare, 2500 steps of 16 KiB on its 1
 On the validation slice 2500 steps came within 0.0023 bpb of the best budget tried (3000 steps, best at
 2750) and 0.0157 bpb under 2000 (evidence/recipe-sweep.json). BYTES_PER_PARAM: on python-stdlib the
 recipe's `small` with the large-corpus settings gave 0.7781, 0.7453 and 0.7274 bpb at 10, 20 and 40 bytes
-per parameter; the 40 run's best came at 32 (16.2 passes) and early stopping ended it at 38
-(evidence/budget-small-python-stdlib.json). A model far smaller than its corpus is still improving there:
-`nano` on python-stdlib gained 0.0811 bpb from 40 to 80 (evidence/budget-nano-python-stdlib.json).
+per parameter; the 40 run's best came at 32 bytes per parameter (16.2 passes) and early stopping ended
+it at 38 (evidence/budget-small-python-stdlib.json). A model far smaller than its corpus is still
+improving there: `nano` on python-stdlib gained 0.0811 bpb from 40 to 80
+(evidence/budget-nano-python-stdlib.json).
 """
 
 from dataclasses import replace
