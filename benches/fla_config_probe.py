@@ -1,0 +1,89 @@
+"""Time fla kernel configurations outside fla's own autotune lists, inside a real `dormouse bench` step.
+
+    python benches/fla_config_probe.py --kernels chunk_kda_bwd_kernel_wy_dqkg_fused --warps 2,4,8 \
+        --stages 1,2,3,4 --out $OUT/probe -- --preset small --batch-size 64 --seq-len 512 --dtype bf16 ...
+
+fla leaves some configurations out of a kernel's list (on Hopper, num_warps 8 for several KDA kernels).
+For each named kernel the candidates are every block-size kwargs set of its list times `--warps` times
+`--stages`; the pin's lookup is turned off for that kernel only, so the bench's first step has Triton
+time every candidate on the step's own arguments (the other kernels keep reading the pin), and the timed
+steps run the fastest. Writes <out>/<kernel>.json: each candidate's median ms, the config the card's pin
+holds for that key and its ms, and the choice, in fla's entry format (`pin.config_entry`).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def candidates(configs, warps, stages):
+    import triton
+
+    kwargs_sets = {json.dumps(c.kwargs, sort_keys=True) for c in configs}
+    return [
+        triton.Config(json.loads(kw), num_warps=w, num_stages=s)
+        for kw in sorted(kwargs_sets)
+        for w in warps
+        for s in stages
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", required=True, help="fla kernel names, comma-separated")
+    parser.add_argument("--warps", default="2,4,8")
+    parser.add_argument("--stages", default="1,2,3,4")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `dormouse bench` flags")
+    args = parser.parse_args()
+    bench_argv = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+
+    from dormouse.ops.fla import kernels as fla_kernels
+    from dormouse.ops.fla import pin
+
+    pin.pin_note()
+    fla_kernels.chunk_kda()  # imports fla's KDA modules, so their autotuners exist
+    from fla.ops.utils.cache import AutotuneKey, load_cached_config
+
+    names = args.kernels.split(",")
+    tuners = {name: tuner for name, tuner in pin._autotuners() if name in names}
+    if missing := sorted(set(names) - set(tuners)):
+        sys.exit(f"no fla autotuner named {', '.join(missing)}")
+    warps, stages = [int(x) for x in args.warps.split(",")], [int(x) for x in args.stages.split(",")]
+    for tuner in tuners.values():
+        tuner.configs = candidates(tuner.configs, warps, stages)
+        tuner.maybe_load_cached_config = lambda **_: None  # this kernel's choice is timed, not read
+
+    from dormouse.cli import main as dormouse_main
+
+    status = dormouse_main(["bench", *bench_argv])
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, tuner in tuners.items():
+        timings = getattr(tuner, "configs_timings", None) or {}
+        keys = []
+        for key, chosen in tuner.cache.items():
+            pinned = load_cached_config(name, AutotuneKey(key))
+            pinned_ms = next(
+                (ms for c, ms in timings.items() if pinned is not None and pin._same_config(c, pinned)), None
+            )
+            keys.append(
+                {
+                    "autotune_key": AutotuneKey.normalize_autotune_key(key),
+                    "chosen": pin.config_entry(chosen),
+                    "chosen_ms": timings.get(chosen),
+                    "pinned": pinned,
+                    "pinned_ms": pinned_ms,
+                }
+            )
+        rows = sorted(
+            ({"config": pin.config_entry(c), "ms": ms} for c, ms in timings.items()), key=lambda r: r["ms"][0]
+        )
+        (args.out / f"{name}.json").write_text(json.dumps({"kernel": name, "keys": keys, "timings": rows}, indent=1))
+        for k in keys:
+            print(f"{name}: chosen {k['chosen']} {k['chosen_ms']} ms; pinned {k['pinned']} {k['pinned_ms']} ms")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
