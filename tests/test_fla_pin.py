@@ -13,6 +13,7 @@ from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.fla import pin as fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+from fla_config_probe import candidates  # noqa: E402
 from merge_fla_pin import merge  # noqa: E402
 
 
@@ -164,3 +165,19 @@ def test_flas_optional_backends_stay_off_unless_the_user_turns_one_on(monkeypatc
     note = fla_pin._backend_environment()
     assert os.environ["FLA_TILELANG"] == "0" and os.environ["FLA_FLASH_KDA"] == "1"
     assert note == "fla backends: FLA_TILELANG=0, FLA_FLASH_KDA=1 (set by the user)"
+
+
+def test_the_probe_crosses_each_block_size_set_with_every_warp_and_stage_count():
+    triton = pytest.importorskip("triton")
+    own = [triton.Config({"BK": bk, "BV": 64}, num_warps=w, num_stages=2) for bk in (32, 64) for w in (2, 4)]
+    got = [(c.kwargs, c.num_warps, c.num_stages) for c in candidates(own, warps=[4, 8], stages=[1, 3])]
+    assert got == [
+        ({"BK": 32, "BV": 64}, 4, 1),
+        ({"BK": 32, "BV": 64}, 4, 3),
+        ({"BK": 32, "BV": 64}, 8, 1),
+        ({"BK": 32, "BV": 64}, 8, 3),
+        ({"BK": 64, "BV": 64}, 4, 1),
+        ({"BK": 64, "BV": 64}, 4, 3),
+        ({"BK": 64, "BV": 64}, 8, 1),
+        ({"BK": 64, "BV": 64}, 8, 3),
+    ]
