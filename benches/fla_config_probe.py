@@ -8,7 +8,9 @@ For each named kernel the candidates are every block-size kwargs set of its list
 `--stages`; the pin's lookup is turned off for that kernel only, so the bench's first step has Triton
 time every candidate on the step's own arguments (the other kernels keep reading the pin), and the timed
 steps run the fastest. Writes <out>/<kernel>.json: each candidate's median ms, the config the card's pin
-holds for that key and its ms, and the choice, in fla's entry format (`pin.config_entry`).
+holds for that key and its ms, and the choice; and <out>/choices/<kernel>.json, the choices in fla's file
+format: where one beats the pinned config by more than the rounds' spread,
+`python benches/merge_fla_pin.py --replace <out>/choices dormouse/ops/fla/configs/<card>` puts it in the pin.
 """
 
 import argparse
@@ -59,6 +61,7 @@ def main() -> int:
 
     status = dormouse_main(["bench", *bench_argv])
     args.out.mkdir(parents=True, exist_ok=True)
+    pin.dump_choices(args.out / "choices", kernels=set(names))
     for name, tuner in tuners.items():
         timings = getattr(tuner, "configs_timings", None) or {}
         keys = []

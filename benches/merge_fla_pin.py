@@ -1,6 +1,6 @@
 """Merge fla kernel choices dumped on the device (DORMOUSE_FLA_DUMP, fla's file format) into a card's pin.
 
-    python benches/merge_fla_pin.py <dump dir> dormouse/ops/fla/configs/<card>
+    python benches/merge_fla_pin.py [--replace] <dump dir> dormouse/ops/fla/configs/<card>
 
 A new card's pin starts as `dormouse tune --into <empty dir>` on that card (every kernel timed there);
 merged into dormouse/ops/fla/configs/<card>/, with the card's compute capability in pin.PIN_CAPABILITY.
@@ -12,6 +12,11 @@ another config (the kernel refused it and Triton timed a new one). A choice the 
 match is not added again: the code (and `dormouse ab`'s code fingerprint) stays the same when the
 kernels are. New entries go at the end, so no earlier entry loses a fuzzy match to them. Prints the
 count added per kernel file.
+
+`--replace` re-decides instead, for choices timed against the pin's own (benches/fla_config_probe.py
+writes them under <out>/choices): each dumped config takes the place of the entry fla's lookup would
+take for its key (exact, else the first fuzzy match), where it stands; a key with no such entry is
+appended. Prints the count replaced or added per kernel file.
 """
 
 import json
@@ -67,10 +72,29 @@ def merge(dump: Path, pin: Path) -> dict[str, int]:
     return added
 
 
+def replace(dump: Path, pin: Path) -> dict[str, int]:
+    changed = {}
+    for src in sorted(p for p in dump.glob("*.json") if p.name != UNPINNED_FILE):
+        target = pin / src.name
+        new = json.loads(src.read_text())
+        have = json.loads(target.read_text()) if target.exists() else {**new, "autotune_entries": {}}
+        entries = have["autotune_entries"]
+        for key, entry in new["autotune_entries"].items():
+            fuzzy = (k for k, e in entries.items() if _fuzzy(e["autotune_key"], entry["autotune_key"]))
+            taken = key if key in entries else next(fuzzy, key)
+            entries[taken] = {**entries.get(taken, entry), "config": entry["config"]}
+        target.write_text(json.dumps(have, indent=1) + "\n")
+        changed[src.name] = len(new["autotune_entries"])
+    return changed
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python benches/merge_fla_pin.py <dump dir> dormouse/ops/fla/configs/<card>")
-    dump, pin = Path(sys.argv[1]), Path(sys.argv[2])
+    args = sys.argv[1:]
+    re_decide = args[:1] == ["--replace"]
+    args = args[1:] if re_decide else args
+    if len(args) != 2:
+        sys.exit("usage: python benches/merge_fla_pin.py [--replace] <dump dir> dormouse/ops/fla/configs/<card>")
+    dump, pin = Path(args[0]), Path(args[1])
     pin.mkdir(exist_ok=True)
-    for name, n in merge(dump, pin).items():
-        print(f"{name}: {n} added")
+    for name, n in (replace if re_decide else merge)(dump, pin).items():
+        print(f"{name}: {n} {'replaced or added' if re_decide else 'added'}")

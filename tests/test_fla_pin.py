@@ -14,7 +14,7 @@ from dormouse.ops.fla import pin as fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 from fla_config_probe import candidates  # noqa: E402
-from merge_fla_pin import merge  # noqa: E402
+from merge_fla_pin import merge, replace  # noqa: E402
 
 
 def config(block: int) -> SimpleNamespace:
@@ -52,6 +52,9 @@ def test_dump_names_each_unpinned_choice_with_what_the_pin_had(tmp_path, monkeyp
     # The merge reads kernel files only: unpinned.json is a report, not a kernel named "unpinned".
     (tmp_path / "pin").mkdir()
     assert merge(tmp_path, tmp_path / "pin") == {"k.json": 2}
+    # Named kernels only (the config probe's): another kernel's choices and the report are not written.
+    assert fla_pin.dump_choices(tmp_path / "only", kernels={"other"}) == []
+    assert fla_pin.dump_choices(tmp_path / "only", kernels={"k"}) == [str(tmp_path / "only" / "k.json")]
 
 
 def test_triton_autotuners_in_fla_become_pin_reading_ones(monkeypatch):
@@ -113,6 +116,25 @@ def test_merge_adds_only_choices_the_pin_did_not_make_and_appends_them(tmp_path)
     merged = json.loads((tmp_path / "pin" / "k.json").read_text())["autotune_entries"]
     assert list(merged) == ["p64", "p8", "d256", "d9"]  # appended: earlier fuzzy matches stay first
     assert merged["p64"]["config"] == entry(32)
+
+
+def test_replace_re_decides_the_entry_the_lookup_takes_where_it_stands(tmp_path):
+    def at(key: list, block: int) -> dict:
+        return {"autotune_key": key, "config": entry(block)}
+
+    for folder in ("pin", "probe"):
+        (tmp_path / folder).mkdir()
+    pinned = {"p64": at([64, True, "bf16"], 32), "p8": at([8, "fp32"], 16)}
+    (tmp_path / "pin" / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": pinned}))
+    probed = {
+        "d128": at([128, True, "bf16"], 64),  # fuzzy-matches p64: p64's config is replaced, p64's key kept
+        "d9": at([9, False, "bf16"], 16),  # nothing matches: appended
+    }
+    (tmp_path / "probe" / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": probed}))
+    assert replace(tmp_path / "probe", tmp_path / "pin") == {"k.json": 2}
+    got = json.loads((tmp_path / "pin" / "k.json").read_text())["autotune_entries"]
+    assert list(got) == ["p64", "p8", "d9"]
+    assert (got["p64"], got["p8"], got["d9"]) == (at([64, True, "bf16"], 64), pinned["p8"], probed["d9"])
 
 
 def test_kernels_import_without_running_the_packages_re_export_inits(tmp_path, monkeypatch):

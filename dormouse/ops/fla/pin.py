@@ -351,15 +351,16 @@ def config_entry(config) -> dict:
     }
 
 
-def dump_choices(folder: Path) -> list[str]:
-    """Merge this process's kernel choices into fla-format files in `folder`; returns the files written."""
+def dump_choices(folder: Path, kernels: set[str] | None = None) -> list[str]:
+    """Merge this process's kernel choices (of `kernels` only, when named) into fla-format files in
+    `folder`; returns the files written."""
     import triton
     from fla.ops.utils.cache import AutotuneKey
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for kernel, tuner in _autotuners():
-        if not tuner.cache:
+        if not tuner.cache or (kernels is not None and kernel not in kernels):
             continue
         path = folder / f"{kernel}.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
@@ -372,7 +373,8 @@ def dump_choices(folder: Path) -> list[str]:
         data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         written.append(str(path))
-    if _counted:  # which choices were not the pin's, and what the pin had: why `fallbacks=` counted them
+    # which choices were not the pin's, and what the pin had: why `fallbacks=` counted them
+    if _counted and kernels is None:
         path = folder / UNPINNED_FILE
         seen = json.loads(path.read_text()) if path.is_file() else []
         for (kernel, _), (key, config, pinned) in sorted(_counted.items()):
