@@ -51,12 +51,18 @@ def pinned_config(entries: dict, key: str, autotune_key: list) -> dict | None:
     return next((e["config"] for e in entries.values() if _fuzzy(e["autotune_key"], autotune_key)), None)
 
 
-def merge(dump: Path, pin: Path) -> dict[str, int]:
-    added = {}
+def _pairs(dump: Path, pin: Path):
+    """(kernel file name, its path in the pin, the dumped file, the pin's file or an empty one) per dumped file."""
     for src in sorted(p for p in dump.glob("*.json") if p.name != UNPINNED_FILE):
         target = pin / src.name
         new = json.loads(src.read_text())
         have = json.loads(target.read_text()) if target.exists() else {**new, "autotune_entries": {}}
+        yield src.name, target, new, have
+
+
+def merge(dump: Path, pin: Path) -> dict[str, int]:
+    added = {}
+    for name, target, new, have in _pairs(dump, pin):
         entries = have["autotune_entries"]
         fresh = {}
         for key, entry in new["autotune_entries"].items():
@@ -68,23 +74,20 @@ def merge(dump: Path, pin: Path) -> dict[str, int]:
         if fresh:
             have["autotune_entries"] = {**entries, **fresh}
             target.write_text(json.dumps(have, indent=1) + "\n")
-        added[src.name] = len(fresh)
+        added[name] = len(fresh)
     return added
 
 
 def replace(dump: Path, pin: Path) -> dict[str, int]:
     changed = {}
-    for src in sorted(p for p in dump.glob("*.json") if p.name != UNPINNED_FILE):
-        target = pin / src.name
-        new = json.loads(src.read_text())
-        have = json.loads(target.read_text()) if target.exists() else {**new, "autotune_entries": {}}
+    for name, target, new, have in _pairs(dump, pin):
         entries = have["autotune_entries"]
         for key, entry in new["autotune_entries"].items():
             fuzzy = (k for k, e in entries.items() if _fuzzy(e["autotune_key"], entry["autotune_key"]))
             taken = key if key in entries else next(fuzzy, key)
             entries[taken] = {**entries.get(taken, entry), "config": entry["config"]}
         target.write_text(json.dumps(have, indent=1) + "\n")
-        changed[src.name] = len(new["autotune_entries"])
+        changed[name] = len(new["autotune_entries"])
     return changed
 
 
