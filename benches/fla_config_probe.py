@@ -4,8 +4,8 @@
         --stages 1,2,3,4 --out $OUT/probe -- --preset small --batch-size 64 --seq-len 512 --dtype bf16 ...
 
 fla leaves some configurations out of a kernel's list (on Hopper, num_warps 8 for several KDA kernels).
-For each named kernel the candidates are every block-size kwargs set of its list times `--warps` times
-`--stages`; the pin's lookup is turned off for that kernel only, so the bench's first step has Triton
+For each named kernel the candidates are its own list and more warp and stage counts (`candidates`);
+the pin's lookup is turned off for that kernel only, so the bench's first step has Triton
 time every candidate on the step's own arguments (the other kernels keep reading the pin), and the timed
 steps run the fastest. Writes <out>/<kernel>.json: each candidate's median ms, the config the card's pin
 holds for that key and its ms, and the choice; and <out>/choices/<kernel>.json, the choices in fla's file
@@ -19,16 +19,29 @@ import sys
 from pathlib import Path
 
 
-def candidates(configs, warps, stages):
+def candidates(configs, warps, stages, kwargs=None):
+    """The kernel's own `configs`, then each of its block-size kwargs sets (or only those in `kwargs`)
+    with every count of `warps` and `stages` not already listed. fla's lists leave some pairs out on
+    purpose (on Hopper: BK 32 with 4 warps in chunk_kda_bwd_kernel_wy_dqkg_fused, an illegal memory
+    access), so a kwargs set keeps to the warp counts fla lists for it, plus counts fla lists for none."""
     import triton
 
-    kwargs_sets = {json.dumps(c.kwargs, sort_keys=True) for c in configs}
-    return [
-        triton.Config(json.loads(kw), num_warps=w, num_stages=s)
-        for kw in sorted(kwargs_sets)
-        for w in warps
-        for s in stages
-    ]
+    listed = {json.dumps(c.kwargs, sort_keys=True): set() for c in configs}
+    for c in configs:
+        listed[json.dumps(c.kwargs, sort_keys=True)].add(c.num_warps)
+    known = {c.num_warps for c in configs}
+    seen = {(json.dumps(c.kwargs, sort_keys=True), c.num_warps, c.num_stages) for c in configs}
+    wanted = [json.dumps(k, sort_keys=True) for k in kwargs] if kwargs else sorted(listed)
+    out = list(configs)
+    for kw in wanted:
+        for w in warps:
+            if w in known and w not in listed.get(kw, known):
+                continue
+            for s in stages:
+                if (kw, w, s) not in seen:
+                    seen.add((kw, w, s))
+                    out.append(triton.Config(json.loads(kw), num_warps=w, num_stages=s))
+    return out
 
 
 def main() -> int:
@@ -36,6 +49,9 @@ def main() -> int:
     parser.add_argument("--kernels", required=True, help="fla kernel names, comma-separated")
     parser.add_argument("--warps", default="2,4,8")
     parser.add_argument("--stages", default="1,2,3,4")
+    parser.add_argument(
+        "--kwargs", action="append", type=json.loads, help='a block-size set to try, as JSON: {"BK": 64, "BV": 64}'
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `dormouse bench` flags")
     args = parser.parse_args()
@@ -54,7 +70,7 @@ def main() -> int:
         sys.exit(f"no fla autotuner named {', '.join(missing)}")
     warps, stages = [int(x) for x in args.warps.split(",")], [int(x) for x in args.stages.split(",")]
     for tuner in tuners.values():
-        tuner.configs = candidates(tuner.configs, warps, stages)
+        tuner.configs = candidates(tuner.configs, warps, stages, args.kwargs)
         tuner.maybe_load_cached_config = lambda **_: None  # this kernel's choice is timed, not read
 
     from dormouse.cli import main as dormouse_main
