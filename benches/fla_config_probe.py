@@ -5,12 +5,15 @@
 
 fla leaves some configurations out of a kernel's list (on Hopper, num_warps 8 for several KDA kernels).
 For each named kernel the candidates are its own list and more warp and stage counts (`candidates`);
-the pin's lookup is turned off for that kernel only, so the bench's first step has Triton
-time every candidate on the step's own arguments (the other kernels keep reading the pin), and the timed
-steps run the fastest. Writes <out>/<kernel>.json: each candidate's median ms, the config the card's pin
-holds for that key and its ms, and the choice; and <out>/choices/<kernel>.json, the choices in fla's file
-format: where one beats the pinned config by more than the rounds' spread,
-`python benches/merge_fla_pin.py --replace <out>/choices dormouse/ops/fla/configs/<card>` puts it in the pin.
+the pin's lookup is turned off for that kernel only, so the bench's first step has Triton time every
+candidate on the step's own arguments (the other kernels keep reading the pin), and the timed steps
+run the fastest. Writes, under --out:
+- progress.jsonl: each config as it is timed, then its ms (a config that kills the process is last);
+- <kernel>.json: each candidate's median ms, the config the card's pin holds for that key and its ms,
+  and the choice;
+- choices/<kernel>.json: the choices in fla's file format. Where one beats the pinned config by more
+  than the rounds' spread, `python benches/merge_fla_pin.py --replace <out>/choices
+  dormouse/ops/fla/configs/<card>` puts it in the pin.
 """
 
 import argparse
@@ -44,6 +47,22 @@ def candidates(configs, warps, stages, kwargs=None):
     return out
 
 
+def logged(bench, kernel: str, path: Path):
+    """`bench` (an autotuner's timing of one config) writing each config to `path` before it runs and its
+    time after: a config that kills the process (an illegal memory access) is the last line left open."""
+    from dormouse.ops.fla.pin import config_entry
+
+    def timed(*args, config, **kwargs):
+        with open(path, "a") as f:
+            f.write(json.dumps({"kernel": kernel, "config": config_entry(config)}) + "\n")
+        ms = bench(*args, config=config, **kwargs)
+        with open(path, "a") as f:
+            f.write(json.dumps({"kernel": kernel, "ms": ms}) + "\n")
+        return ms
+
+    return timed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", required=True, help="fla kernel names, comma-separated")
@@ -69,14 +88,15 @@ def main() -> int:
     if missing := sorted(set(names) - set(tuners)):
         sys.exit(f"no fla autotuner named {', '.join(missing)}")
     warps, stages = [int(x) for x in args.warps.split(",")], [int(x) for x in args.stages.split(",")]
-    for tuner in tuners.values():
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, tuner in tuners.items():
         tuner.configs = candidates(tuner.configs, warps, stages, args.kwargs)
         tuner.maybe_load_cached_config = lambda **_: None  # this kernel's choice is timed, not read
+        tuner._bench = logged(tuner._bench, name, args.out / "progress.jsonl")
 
     from dormouse.cli import main as dormouse_main
 
     status = dormouse_main(["bench", *bench_argv])
-    args.out.mkdir(parents=True, exist_ok=True)
     pin.dump_choices(args.out / "choices", kernels=set(names))
     for name, tuner in tuners.items():
         timings = getattr(tuner, "configs_timings", None) or {}

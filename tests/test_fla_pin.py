@@ -13,7 +13,7 @@ from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.fla import pin as fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
-from fla_config_probe import candidates  # noqa: E402
+from fla_config_probe import candidates, logged  # noqa: E402
 from merge_fla_pin import merge, replace  # noqa: E402
 
 
@@ -116,6 +116,20 @@ def test_merge_adds_only_choices_the_pin_did_not_make_and_appends_them(tmp_path)
     merged = json.loads((tmp_path / "pin" / "k.json").read_text())["autotune_entries"]
     assert list(merged) == ["p64", "p8", "d256", "d9"]  # appended: earlier fuzzy matches stay first
     assert merged["p64"]["config"] == entry(32)
+
+
+def test_the_probe_logs_each_config_before_it_runs_so_a_crash_names_it(tmp_path):
+    def bench(*args, config, **kwargs):
+        if config.num_warps == 8:
+            raise RuntimeError("illegal memory access")
+        return [0.5]
+
+    timed, path = logged(bench, "k", tmp_path / "progress.jsonl"), tmp_path / "progress.jsonl"
+    assert timed(config=SimpleNamespace(kwargs={"BK": 64}, num_warps=4, num_stages=2)) == [0.5]
+    with pytest.raises(RuntimeError):
+        timed(config=SimpleNamespace(kwargs={"BK": 64}, num_warps=8, num_stages=2))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(x.get("config", {}).get("num_warps"), x.get("ms")) for x in lines] == [(4, None), (None, [0.5]), (8, None)]
 
 
 def test_replace_re_decides_the_entry_the_lookup_takes_where_it_stands(tmp_path):
