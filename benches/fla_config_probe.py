@@ -25,18 +25,20 @@ from pathlib import Path
 def candidates(configs, warps, stages, kwargs=None):
     """The kernel's own `configs`, then each of its block-size kwargs sets (or only those in `kwargs`)
     with every count of `warps` and `stages` not already listed. fla's lists leave some pairs out on
-    purpose (on Hopper: BK 32 with 4 warps in chunk_kda_bwd_kernel_wy_dqkg_fused, an illegal memory
-    access), so a kwargs set keeps to the warp counts fla lists for it, plus counts fla lists for none."""
+    purpose (on Hopper: BK 32 with 4 warps in chunk_kda_bwd_kernel_wy_dqkg_fused), so a kwargs set keeps
+    to the warp counts fla lists for it, plus counts fla lists for none."""
     import triton
 
-    listed = {json.dumps(c.kwargs, sort_keys=True): set() for c in configs}
+    def block(kw: dict) -> str:
+        return json.dumps(kw, sort_keys=True)
+
+    listed: dict[str, set[int]] = {}
     for c in configs:
-        listed[json.dumps(c.kwargs, sort_keys=True)].add(c.num_warps)
+        listed.setdefault(block(c.kwargs), set()).add(c.num_warps)
     known = {c.num_warps for c in configs}
-    seen = {(json.dumps(c.kwargs, sort_keys=True), c.num_warps, c.num_stages) for c in configs}
-    wanted = [json.dumps(k, sort_keys=True) for k in kwargs] if kwargs else sorted(listed)
+    seen = {(block(c.kwargs), c.num_warps, c.num_stages) for c in configs}
     out = list(configs)
-    for kw in wanted:
+    for kw in [block(k) for k in kwargs] if kwargs else sorted(listed):
         for w in warps:
             if w in known and w not in listed.get(kw, known):
                 continue

@@ -12,20 +12,19 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dormouse.tools.history import read_history  # noqa: E402
+from dormouse.tools.history import read_history
 
 
 def summary(rows: list[dict[str, str]]) -> dict:
-    ours = [r for r in rows if r["model"] == "dormouse"]
-    gpt = [r for r in rows if r["model"] == "gpt-sdpa" and r["compiled"] == "yes"]
+    timed = [r for r in rows if r["model"] == "dormouse" or (r["model"] == "gpt-sdpa" and r["compiled"] == "yes")]
+    ours = [r for r in timed if r["model"] == "dormouse"]
+    gpt = [r for r in timed if r["model"] == "gpt-sdpa"]
     if not ours or not gpt:
         raise SystemExit("the history needs dormouse rows and compiled GPT rows (benches/side_by_side.sh)")
     for column in ("device", "commit", "batch", "seq_len", "dtype"):
-        if len({r[column] for r in ours + gpt}) != 1:
+        if len({r[column] for r in timed}) != 1:
             raise SystemExit(f"the rows differ in {column}: one call, one card, one commit and one shape only")
     ms = {
         name: statistics.median(float(r["ms_per_step"]) for r in part) for name, part in (("ours", ours), ("gpt", gpt))
@@ -45,8 +44,7 @@ def summary(rows: list[dict[str, str]]) -> dict:
                 "ms_iqr": float(r["ms_iqr"]),
                 "date": r["date"],
             }
-            for r in rows
-            if r in ours or r in gpt
+            for r in timed
         ],
         "card": ours[0]["device"],
         "commit": ours[0]["commit"],
@@ -58,7 +56,7 @@ def main() -> int:
     parser.add_argument("history", type=Path)
     parser.add_argument("--record", type=Path, help="write the evidence record here")
     parser.add_argument("--figure", help="the record's figure: what was measured")
-    parser.add_argument("--command", help="the record's command: the bench flags that reproduce it")
+    parser.add_argument("--command", help="the record's command: what reproduces it")
     args = parser.parse_args()
     s = summary(read_history(args.history))
     print(
