@@ -11,9 +11,10 @@ run the fastest. Writes, under --out:
 - progress.jsonl: each config as it is timed, then its ms (a config that kills the process is last);
 - <kernel>.json: each candidate's median ms, the config the card's pin holds for that key and its ms,
   and the choice;
-- choices/<kernel>.json: the choices in fla's file format. Where one beats the pinned config by more
-  than the rounds' spread, `python benches/merge_fla_pin.py --replace <out>/choices
-  dormouse/ops/fla/configs/<card>` puts it in the pin.
+- choices/<kernel>.json: the choices in fla's file format.
+With `--apply dormouse/ops/fla/configs/<card>`, each choice whose slowest timing round beats the pinned
+config's fastest (`beats`), or whose key the pin lacks, goes in that pin (merge_fla_pin.py `replace`),
+and the probe prints what it put there.
 """
 
 import argparse
@@ -49,6 +50,26 @@ def candidates(configs, warps, stages, kwargs=None):
     return out
 
 
+def beats(chosen_ms: list[float] | None, pinned_ms: list[float] | None) -> bool:
+    """Whether a probed config's timing rounds all beat the pinned config's: its slowest against the
+    pinned one's fastest, so the rounds' spread cannot make a winner."""
+    return bool(chosen_ms) and bool(pinned_ms) and max(chosen_ms) < min(pinned_ms)
+
+
+def won_entries(choices: dict, keys: list[dict]) -> dict:
+    """The entries of `choices` (fla's file format) to put in the pin, from the probe's report `keys`
+    (autotune_key, chosen, chosen_ms, pinned, pinned_ms): where the pin has no config for the key, or
+    another one that the chosen config `beats`."""
+    from merge_fla_pin import same_config
+
+    won = [
+        k["autotune_key"]
+        for k in keys
+        if k["pinned"] is None or (not same_config(k["chosen"], k["pinned"]) and beats(k["chosen_ms"], k["pinned_ms"]))
+    ]
+    return {h: e for h, e in choices["autotune_entries"].items() if e["autotune_key"] in won}
+
+
 def logged(bench, kernel: str, path: Path):
     """`bench` (an autotuner's timing of one config) writing each config to `path` before it runs and its
     time after: a config that kills the process (an illegal memory access) is the last line left open."""
@@ -74,6 +95,7 @@ def main() -> int:
         "--kwargs", action="append", type=json.loads, help='a block-size set to try, as JSON: {"BK": 64, "BV": 64}'
     )
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--apply", type=Path, metavar="PIN_DIR", help="put the winners in this pin folder")
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `dormouse bench` flags")
     args = parser.parse_args()
     bench_argv = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
@@ -100,6 +122,7 @@ def main() -> int:
 
     status = dormouse_main(["bench", *bench_argv])
     pin.dump_choices(args.out / "choices", kernels=set(names))
+    reports = {}
     for name, tuner in tuners.items():
         timings = getattr(tuner, "configs_timings", None) or {}
         keys = []
@@ -123,7 +146,28 @@ def main() -> int:
         (args.out / f"{name}.json").write_text(json.dumps({"kernel": name, "keys": keys, "timings": rows}, indent=1))
         for k in keys:
             print(f"{name}: chosen {k['chosen']} {k['chosen_ms']} ms; pinned {k['pinned']} {k['pinned_ms']} ms")
+        reports[name] = keys
+    if args.apply:
+        apply(args.out, reports, args.apply)
     return status
+
+
+def apply(out: Path, reports: dict[str, list[dict]], pin_dir: Path) -> None:
+    """Write each kernel's winning choices (`won_entries`) under out/won and replace them into `pin_dir`."""
+    from merge_fla_pin import replace
+
+    won = out / "won"
+    won.mkdir(exist_ok=True)
+    for name, keys in reports.items():
+        path = out / "choices" / f"{name}.json"
+        choices = json.loads(path.read_text()) if path.exists() else {"autotune_entries": {}}
+        if entries := won_entries(choices, keys):
+            (won / path.name).write_text(json.dumps({**choices, "autotune_entries": entries}, indent=1))
+    changed = replace(won, pin_dir)
+    for file, n in changed.items():
+        print(f"{pin_dir / file}: {n} probed config(s) put in the pin")
+    if not changed:
+        print(f"{pin_dir}: unchanged, no probed config beats the pinned one")
 
 
 if __name__ == "__main__":

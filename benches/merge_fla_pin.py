@@ -40,7 +40,8 @@ def _fuzzy(cached, requested) -> bool:
     return cached == requested
 
 
-def _same(a: dict, b: dict) -> bool:
+def same_config(a: dict, b: dict) -> bool:
+    """Whether two configs in fla's file format are one: block sizes, warps and stages."""
     return (a["kwargs"], a["num_warps"], a["num_stages"]) == (b["kwargs"], b["num_warps"], b["num_stages"])
 
 
@@ -69,7 +70,7 @@ def merge(dump: Path, pin: Path) -> dict[str, int]:
             if key in entries:
                 continue
             pinned = pinned_config(entries, key, entry["autotune_key"])
-            if pinned is None or not _same(pinned, entry["config"]):
+            if pinned is None or not same_config(pinned, entry["config"]):
                 fresh[key] = entry
         if fresh:
             have["autotune_entries"] = {**entries, **fresh}

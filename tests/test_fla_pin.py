@@ -13,7 +13,8 @@ from dormouse.ops.fla import kernels as fla_kernels
 from dormouse.ops.fla import pin as fla_pin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
-from fla_config_probe import candidates, logged  # noqa: E402
+from fla_config_probe import apply as apply_probe  # noqa: E402
+from fla_config_probe import beats, candidates, logged, won_entries  # noqa: E402
 from merge_fla_pin import merge, replace  # noqa: E402
 
 
@@ -214,3 +215,40 @@ def test_the_probe_adds_warp_and_stage_counts_but_no_pair_fla_left_out():
     got = shown(candidates(own, warps=[4, 8], stages=[2, 3]))
     assert got == [(32, 2, 2), (64, 2, 2), (64, 4, 2), (32, 8, 2), (32, 8, 3), (64, 4, 3), (64, 8, 2), (64, 8, 3)]
     assert shown(candidates(own, warps=[8], stages=[3], kwargs=[{"BK": 64}]))[3:] == [(64, 8, 3)]
+
+
+def test_the_probe_applies_only_a_config_whose_slowest_round_beats_the_pins_fastest(tmp_path):
+    def cfg(warps: int) -> dict:
+        return {"kwargs": {"BK": 64}, "num_warps": warps, "num_stages": 2, "num_ctas": 1}
+
+    def report(key: int, chosen: dict, chosen_ms, pinned, pinned_ms) -> dict:
+        dtype = "fp32" if pinned is None else "bf16"  # fla's lookup matches numbers fuzzily, dtypes exactly
+        return {
+            "autotune_key": [key, dtype],
+            "chosen": chosen,
+            "chosen_ms": chosen_ms,
+            "pinned": pinned,
+            "pinned_ms": pinned_ms,
+        }
+
+    keys = [
+        report(1, cfg(8), [0.40, 0.39, 0.41], cfg(4), [0.54, 0.53, 0.55]),  # every round faster: applied
+        report(2, cfg(8), [0.40, 0.39, 0.56], cfg(4), [0.54, 0.53, 0.55]),  # one round slower: kept
+        report(3, cfg(4), [0.54], cfg(4), [0.54]),  # the pinned config won: nothing to change
+        report(4, cfg(8), [0.40], None, None),  # a key the pin lacks: added
+    ]
+    choices = {f"h{k['autotune_key'][0]}": {"autotune_key": k["autotune_key"], "config": k["chosen"]} for k in keys}
+    (tmp_path / "choices").mkdir()
+    (tmp_path / "choices" / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": choices}))
+    pin_dir = tmp_path / "pin"
+    pin_dir.mkdir()
+    pinned = {f"h{n}": {"autotune_key": [n, "bf16"], "config": cfg(4)} for n in (1, 2, 3)}
+    (pin_dir / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": pinned}))
+
+    assert beats([0.40, 0.41], [0.42]) and not beats([0.40, 0.43], [0.42]) and not beats([0.4], None)
+    assert sorted(won_entries({"autotune_entries": choices}, keys)) == ["h1", "h4"]
+    apply_probe(tmp_path, {"k": keys}, pin_dir)
+    got = {
+        h: e["config"]["num_warps"] for h, e in json.loads((pin_dir / "k.json").read_text())["autotune_entries"].items()
+    }
+    assert got == {"h1": 8, "h2": 4, "h3": 4, "h4": 8}
