@@ -1,7 +1,8 @@
 """Time fla kernel configurations outside fla's own autotune lists, inside a real `dormouse bench` step.
 
-    python benches/fla_config_probe.py --kernels chunk_kda_bwd_kernel_wy_dqkg_fused --warps 2,4,8 \
-        --stages 1,2,3,4 --out $OUT/probe -- --preset small --batch-size 64 --seq-len 512 --dtype bf16 ...
+    python benches/fla_config_probe.py --kernels chunk_kda_bwd_kernel_wy_dqkg_fused --kwargs '{"BK": 64, "BV": 64}' \
+        --warps 4,8 --stages 2,3,4 --out $OUT/probe --apply dormouse/ops/fla/configs/NVIDIA_H200 \
+        -- --preset small --batch-size 64 --seq-len 512 --dtype bf16 --cuda-graph --no-precompile ...
 
 fla leaves some configurations out of a kernel's list (on Hopper, num_warps 8 for several KDA kernels).
 For each named kernel the candidates are its own list and more warp and stage counts (`candidates`);
