@@ -61,7 +61,7 @@ def won_entries(choices: dict, keys: list[dict]) -> dict:
     """The entries of `choices` (fla's file format) to put in the pin, from the probe's report `keys`
     (autotune_key, chosen, chosen_ms, pinned, pinned_ms): where the pin has no config for the key, or
     another one that the chosen config `beats`."""
-    from merge_fla_pin import same_config
+    from dormouse.ops.fla.pin import same_config
 
     won = [
         k["autotune_key"]
@@ -129,9 +129,8 @@ def main() -> int:
         keys = []
         for key, chosen in tuner.cache.items():
             pinned = load_cached_config(name, AutotuneKey(key))
-            pinned_ms = next(
-                (ms for c, ms in timings.items() if pinned is not None and pin._same_config(c, pinned)), None
-            )
+            matches = (ms for c, ms in timings.items() if pin.same_config(pin.config_entry(c), pinned))
+            pinned_ms = next(matches, None) if pinned is not None else None
             keys.append(
                 {
                     "autotune_key": AutotuneKey.normalize_autotune_key(key),

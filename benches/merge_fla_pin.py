@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.ops.fla.pin import UNPINNED_FILE
+from dormouse.ops.fla.pin import UNPINNED_FILE, same_config
 
 
 def _fuzzy(cached, requested) -> bool:
@@ -38,11 +38,6 @@ def _fuzzy(cached, requested) -> bool:
     if isinstance(cached, list) and isinstance(requested, list):
         return len(cached) == len(requested) and all(_fuzzy(c, r) for c, r in zip(cached, requested, strict=True))
     return cached == requested
-
-
-def same_config(a: dict, b: dict) -> bool:
-    """Whether two configs in fla's file format are one: block sizes, warps and stages."""
-    return (a["kwargs"], a["num_warps"], a["num_stages"]) == (b["kwargs"], b["num_warps"], b["num_stages"])
 
 
 def pinned_config(entries: dict, key: str, autotune_key: list) -> dict | None:

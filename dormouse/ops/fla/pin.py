@@ -248,12 +248,9 @@ def _autotuners():
                 obj = getattr(obj, "fn", None)
 
 
-def _same_config(config, entry: dict) -> bool:
-    return (dict(config.kwargs), config.num_warps, config.num_stages) == (
-        entry["kwargs"],
-        entry["num_warps"],
-        entry["num_stages"],
-    )
+def same_config(a: dict, b: dict) -> bool:
+    """Whether two configs in fla's file format (`config_entry`) are one: block sizes, warps and stages."""
+    return (a["kwargs"], a["num_warps"], a["num_stages"]) == (b["kwargs"], b["num_warps"], b["num_stages"])
 
 
 def unpinned_choices():
@@ -266,7 +263,7 @@ def unpinned_choices():
 
         for key, config in list(tuner.cache.items()):
             pinned = load_cached_config(kernel, AutotuneKey(key))
-            if pinned is None or not _same_config(config, pinned):
+            if pinned is None or not same_config(config_entry(config), pinned):
                 yield kernel, key, config, pinned
 
 
