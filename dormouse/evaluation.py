@@ -173,6 +173,7 @@ def _united(engram: EngramStats | None, world: World) -> EngramStats | None:
 def eval_record(step: int, held: HeldOut, *, train_ce, tokens, ms_per_step, depth, stress) -> dict:
     """One eval as a dict (metrics.jsonl); `eval_line` prints it. Kernel and fallback counters are read here."""
     fla_pin.count_unpinned()  # kernel choices made by timing since the last eval join `fallbacks=`
+    fla_pin.count_borrowed()  # and those another card's pin made
     record = {
         "kind": "eval",
         "step": step,

@@ -211,3 +211,123 @@ def test_a_damaged_user_cache_file_is_named(tmp_path):
     (tmp_path / "l2norm_fwd_kernel.json").write_text("{")
     with pytest.raises(fla_pin.DormouseError, match="l2norm_fwd_kernel.json is not a file of fla kernel choices"):
         fla_pin.merge_pin(H200, tmp_path)
+
+
+def fla_lookup(entries: dict, key: list) -> dict | None:
+    """fla's lookup in one file under FLA_CACHE_MODE=fuzzy (fla/ops/utils/cache.py, fla 0.6.0): the entry of
+    the key's hash, else the first whose key matches with any numbers in place of the key's."""
+
+    def fuzzy(a, b) -> bool:
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+        if number(a) and number(b):
+            return True
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(fuzzy(x, y) for x, y in zip(a, b, strict=True))
+        return a == b
+
+    exact = [e for e in entries.values() if e["autotune_key"] == key]
+    return exact[0] if exact else next((e for e in entries.values() if fuzzy(e["autotune_key"], key)), None)
+
+
+def test_key_classes_are_flas_fuzzy_match():
+    c = fla_pin.key_class
+    assert (
+        c([64, 8, False, "torch.bfloat16"])
+        == c([128, 4.0, False, "torch.bfloat16"])
+        == c((1, 2, False, "torch.bfloat16"))
+    )
+    assert c([64, 8, False, "torch.bfloat16"]) != c([64, 8, True, "torch.bfloat16"])  # a bool is not a number
+    assert c([64, 8, False, "torch.bfloat16"]) != c([64, 8, False, "torch.float32"])
+    assert c([64, 8]) != c([64, 8, 8]) and c([1, None]) != c([1, 1])
+    assert c([{"a": 1}]) == c([{"a": 2}]) != c([{"b": 1}])
+
+
+def test_a_pinned_card_takes_what_its_pin_lacks_from_its_kin_and_nothing_else(tmp_path):
+    kin, cache = tmp_path / "kin", tmp_path / "cache"
+    kin.mkdir(), cache.mkdir()
+    bf16, fp32 = [64, 8, False, "torch.bfloat16"], [64, 8, False, "torch.float32"]
+    own = {"a": entry(bf16, 16)}
+    stale = {"s": {**entry([1, 2, False, "torch.bfloat16"], 99), fla_pin.BORROWED_FIELD: "OLD"}}  # own class now
+    (cache / "k.json").write_text(json.dumps({"kernel_name": "k", "autotune_entries": {**own, **stale}}))
+    from_kin = {
+        "b": entry([128, 4, False, "torch.bfloat16"], 32),  # the class of own's "a": not taken
+        "c": entry(fp32, 64),
+        "d": entry([64, 8, True, "torch.bfloat16"], 8),
+    }
+    (kin / "k.json").write_text(
+        json.dumps({"kernel_name": "k", "triton_version": "3.6.0", "autotune_entries": from_kin})
+    )
+    (kin / "j.json").write_text(json.dumps({"kernel_name": "j", "autotune_entries": {"e": entry([7], 4)}}))
+
+    classes = fla_pin.fill_from_kin(kin, cache)
+    mark = {fla_pin.BORROWED_FIELD: "kin"}
+    k = json.loads((cache / "k.json").read_text())["autotune_entries"]
+    assert k == {"a": own["a"], "c": {**from_kin["c"], **mark}, "d": {**from_kin["d"], **mark}}
+    assert json.loads((cache / "j.json").read_text())["autotune_entries"] == {"e": {**entry([7], 4), **mark}}
+    assert classes == {
+        "k": {fla_pin.key_class(fp32), fla_pin.key_class(from_kin["d"]["autotune_key"])},
+        "j": {fla_pin.key_class([7])},
+    }
+    assert fla_lookup(k, [4096, 2, False, "torch.bfloat16"]) == own["a"]  # this card's own, as before the fill
+    assert fla_lookup(k, [32, 8, False, "torch.float32"])["config"]["kwargs"] == {"BT": 64}  # was: autotune
+    before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert fla_pin.fill_from_kin(kin, cache) == classes  # a second process: the same, nothing rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
+
+
+def test_the_committed_pins_fill_each_others_gaps_without_moving_a_lookup(tmp_path, monkeypatch):
+    """The H100's pin through its user cache, filled from the H200's: every key the H100's own entries
+    answer (its pin's keys) is answered by the same entry; the fp32 kernels its runs never timed come from
+    the H200's pin, marked."""
+    h100 = CONFIG_ROOT / "NVIDIA_H100_80GB_HBM3"
+    source = kernel_source("NVIDIA H100 80GB HBM3", (9, 0), {"HOME": str(tmp_path)})
+    assert (source.rule, source.pin, source.fill) == ("pin", h100, H200)
+    assert source.note.endswith(
+        "; what the pin lacks comes from NVIDIA_H200's (same compute capability 9.0) [ledger: fla.borrowed_entry]"
+    )
+    monkeypatch.setattr(fla_pin, "_borrowed", {})
+    applied(source)
+    assert fla_pin._borrowed["causal_conv1d_fwd_kernel"]  # what count_borrowed looks for
+    for own_file in h100.glob("*.json"):
+        own = json.loads(own_file.read_text())["autotune_entries"]
+        filled = json.loads((source.store / own_file.name).read_text())["autotune_entries"]
+        for e in own.values():
+            assert fla_lookup(filled, e["autotune_key"]) == e
+    conv = json.loads((source.store / "causal_conv1d_fwd_kernel.json").read_text())["autotune_entries"]
+    assert conv and all(e[fla_pin.BORROWED_FIELD] == "NVIDIA_H200" for e in conv.values())
+    assert not (h100 / "causal_conv1d_fwd_kernel.json").exists()
+
+
+def test_choices_from_a_borrowed_entry_are_counted_once_and_never_dumped(tmp_path, monkeypatch):
+    borrowed_key, own = [64, "torch.float32"], [64, "torch.bfloat16"]
+    found = {  # fla's fuzzy lookup: a key of an entry's class finds that entry
+        fla_pin.key_class(borrowed_key): {"kwargs": {"BT": 8}, "num_warps": 4, "num_stages": 2},
+        fla_pin.key_class(own): {"kwargs": {"BT": 16}, "num_warps": 4, "num_stages": 2},
+    }
+
+    class AutotuneKey(tuple):
+        key_hash = staticmethod(lambda key: "h" + "-".join(map(str, key)))
+        normalize_autotune_key = staticmethod(list)
+
+    lookup = lambda kernel, key: found.get(fla_pin.key_class(key))  # noqa: E731
+    monkeypatch.setitem(
+        sys.modules, "fla.ops.utils.cache", SimpleNamespace(AutotuneKey=AutotuneKey, load_cached_config=lookup)
+    )
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.6.0"))
+    config = lambda block: SimpleNamespace(kwargs={"BT": block}, num_warps=4, num_stages=2)  # noqa: E731
+    tuner = SimpleNamespace(
+        cache={tuple(borrowed_key): config(8), (128, "torch.float32"): config(32), tuple(own): config(16)}
+    )
+    monkeypatch.setattr(fla_pin, "_autotuners", lambda: iter([("k", tuner)]))
+    monkeypatch.setattr(fla_pin, "_borrowed", {"k": {fla_pin.key_class(borrowed_key)}})
+    monkeypatch.setattr(fla_pin, "_counted_borrowed", set())
+    before = ledger.COUNTS[fla_pin.BORROWED_ENTRY]
+
+    # (64, fp32): the borrowed entry's config ran; (128, fp32): the entry found, but Triton chose another
+    # (fla.unpinned's); the bf16 key: this card's own entry.
+    assert list(fla_pin.borrowed_choices()) == [("k", tuple(borrowed_key))]
+    assert fla_pin.count_borrowed() == 1 and fla_pin.count_borrowed() == 0
+    assert ledger.COUNTS[fla_pin.BORROWED_ENTRY] - before == 1
+    fla_pin.dump_choices(tmp_path)
+    dumped = json.loads((tmp_path / "k.json").read_text())["autotune_entries"]
+    assert sorted(e["autotune_key"] for e in dumped.values()) == [[64, "torch.bfloat16"], [128, "torch.float32"]]

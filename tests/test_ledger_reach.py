@@ -3,6 +3,7 @@ it, and the ledger must record that site firing (ledger.FIRED). A site registere
 fails `test_every_registered_site_has_a_trigger`, naming it. A trigger takes the test's tmp_path and
 monkeypatch."""
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -155,6 +156,25 @@ def fla_borrowed_pin(tmp: Path, monkeypatch) -> None:
     fla_pin._apply(source, {}, lambda *hook: None)
 
 
+def fla_borrowed_entry(tmp: Path, monkeypatch) -> None:
+    # The H100's pin lacks fla's causal_conv1d kernels: the H200's fill them; a stand-in autotuner ran the
+    # H200's config for one of their keys, which a stand-in of fla's lookup finds.
+    from dormouse.ops.fla import pin as fla_pin
+
+    source = fla_pin.kernel_source("NVIDIA H100 80GB HBM3", (9, 0), {"HOME": str(tmp)})
+    monkeypatch.setattr(fla_pin, "_borrowed", {})
+    fla_pin._apply(source, {}, lambda *hook: None)
+    kernel = "causal_conv1d_fwd_kernel"
+    entry = next(iter(json.loads((source.store / f"{kernel}.json").read_text())["autotune_entries"].values()))
+    key, found = tuple(entry["autotune_key"]), entry["config"]
+    lookup = SimpleNamespace(AutotuneKey=lambda key: key, load_cached_config=lambda kernel, key: found)
+    monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", lookup)
+    ran = SimpleNamespace(kwargs=found["kwargs"], num_warps=found["num_warps"], num_stages=found["num_stages"])
+    monkeypatch.setattr(fla_pin, "_autotuners", lambda: iter([(kernel, SimpleNamespace(cache={key: ran}))]))
+    monkeypatch.setattr(fla_pin, "_counted_borrowed", set())
+    fla_pin.count_borrowed()
+
+
 def precompile_skipped(tmp: Path, monkeypatch) -> None:
     # Triton exists only on the GPU machine: a stand-in before 3.5, without the hook the dry pass needs.
     from dormouse.ops import precompile
@@ -185,6 +205,7 @@ TRIGGERS = {
     "memory.enforced": memory_enforced,
     "fla.unpinned": fla_unpinned,
     "fla.borrowed_pin": fla_borrowed_pin,
+    "fla.borrowed_entry": fla_borrowed_entry,
     "precompile.skipped": precompile_skipped,
 }
 

@@ -7,8 +7,11 @@ sizes sum in a different order, so losses would differ too. fla can read kernel 
 files instead (fla/ops/utils/cache.py: `FLA_CONFIG_DIR`, `FLA_CACHE_MODE`); dormouse commits those
 files under `dormouse/ops/fla/configs/<GPU>/` and points fla at them before fla is first imported.
 fla reads the card's user cache (~/.cache/dormouse/kernels/<GPU>/, `kernel_source`) with a pin merged in
-first: the card's own, else one of a card of the same compute capability. The choices Triton makes on
-that card for kernels the files lack are kept there at exit (`store_new_choices`): timed once a machine.
+first: the card's own, else one of a card of the same compute capability. A card's own pin is filled where
+it lacks a kernel, dtype or key structure from the pin of a card of its capability (`fill_from_kin`), so
+that a path its own runs never timed (an fp32 run, a test's shapes) does not autotune for minutes. The
+choices Triton makes on that card for kernels the files lack are kept there at exit (`store_new_choices`):
+timed once a machine.
 
 A (kernel, key) the files do not cover is still autotuned by Triton (or read from Triton's own disk
 cache). fla's fuzzy mode keeps new shapes of a known kernel pinned (see `_apply`). Anything else is
@@ -43,6 +46,13 @@ BORROWED = ledger.register(
     "capability (choices timed on that card), merged into this card's user cache",
     __name__,
 )
+BORROWED_ENTRY = ledger.register(
+    "fla.borrowed_entry",
+    ledger.Kind.COUNTED,
+    "an fla kernel configuration came from the pin of another card of the same compute capability: this "
+    "card's pin has no entry of that kernel, dtypes and key structure (`fill_from_kin`)",
+    __name__,
+)
 CONFIG_ROOT = Path(__file__).with_name("configs")
 # The compute capability of each committed pin's card (a folder of CONFIG_ROOT): a card without a pin of
 # its own borrows one of its capability (`kernel_source`). tests/test_fla_pin.py keeps this and the folders equal.
@@ -51,6 +61,9 @@ DUMP_ENV = "DORMOUSE_FLA_DUMP"
 UNPINNED_FILE = "unpinned.json"  # beside the dumped choices: merge_fla_pin.py skips it
 # (kernel, repr(key)) -> (key, the config Triton chose, the pinned entry fla's lookup found or None)
 _counted: dict[tuple[str, str], tuple] = {}
+BORROWED_FIELD = "borrowed_from"  # marks an entry `fill_from_kin` put in a user cache: the pin it came from
+_borrowed: dict[str, set[str]] = {}  # kernel -> key classes (`key_class`) of the entries marked so
+_counted_borrowed: set[tuple[str, str]] = set()  # (kernel, repr(key)) counted on BORROWED_ENTRY
 _stored: set[tuple[str, str]] = set()  # (kernel, key hash) this process added to the user cache
 _note: str | None = None  # pin_note's, once set
 _source = None  # the KernelSource pin_note applied
@@ -72,6 +85,7 @@ class KernelSource(NamedTuple):
     store: Path | None  # the user cache: choices fla's lookup did not make are added here at exit
     pin: Path | None  # rules pin and borrowed: the committed pin merged into `store` before fla reads it
     note: str  # one line for the run header
+    fill: Path | None = None  # rule pin: the pin of the same capability that fills what `pin` lacks
 
 
 def user_cache_dir(card: str, env) -> Path:
@@ -121,7 +135,11 @@ def kernel_source(
     if name in pins:
         pin = CONFIG_ROOT / name
         note = f"fla kernel configs: pinned from {pin} through {cache}, which keeps what this card times beyond the pin"
-        return KernelSource("pin", cache, cache, pin, note)
+        kin = nearest_pin(card, capability, {p: c for p, c in pins.items() if p != name})
+        if kin is None:
+            return KernelSource("pin", cache, cache, pin, note)
+        note += f"; what the pin lacks comes from {kin}'s (same compute capability {cc}) [ledger: {BORROWED_ENTRY}]"
+        return KernelSource("pin", cache, cache, pin, note, CONFIG_ROOT / kin)
     kin = nearest_pin(card, capability, pins)
     if kin is not None:
         note = (
@@ -148,6 +166,9 @@ def _apply(source: KernelSource, env, at_exit: Callable) -> str:
     the choices it does not make in its user cache at exit; returns the header's note."""
     if source.pin is not None:
         merge_pin(source.pin, source.store)
+    if source.fill is not None:
+        _borrowed.clear()
+        _borrowed.update(fill_from_kin(source.fill, source.store))
     if source.rule == "borrowed":
         ledger.count(BORROWED)
     if source.read is not None:
@@ -267,6 +288,32 @@ def unpinned_choices():
                 yield kernel, key, config, pinned
 
 
+def borrowed_choices():
+    """(kernel, key) for each kernel choice of this process made by an entry `fill_from_kin` put in the
+    files: the files' config, for a key of a class (`key_class`) only such entries hold."""
+    for kernel, tuner in _autotuners():  # none where fla is not imported
+        from fla.ops.utils.cache import AutotuneKey, load_cached_config
+
+        classes = _borrowed.get(kernel, ())
+        for key, config in list(tuner.cache.items()):
+            if classes and key_class(key) in classes:
+                pinned = load_cached_config(kernel, AutotuneKey(key))
+                if pinned is not None and same_config(config_entry(config), pinned):
+                    yield kernel, key
+
+
+def count_borrowed() -> int:
+    """Count on the ledger, once each, the kernel choices of this process that came from another card's
+    pin (`borrowed_choices`); returns how many were new."""
+    new = 0
+    for kernel, key in borrowed_choices():
+        if (kernel, repr(key)) not in _counted_borrowed:
+            _counted_borrowed.add((kernel, repr(key)))
+            ledger.count(BORROWED_ENTRY)
+            new += 1
+    return new
+
+
 def count_unpinned() -> int:
     """Count on the ledger, once each, the kernel choices of this process that the pin did not make
     (`unpinned_choices`); returns how many were new."""
@@ -317,6 +364,49 @@ def merge_pin(pin: Path, cache: Path) -> None:
             _write_json(target, {**pinned, **own, "autotune_entries": entries})
 
 
+def key_class(key) -> str:
+    """fla's fuzzy key match as one string: two keys match (fla.ops.utils.cache.AutotuneKey.keys_fuzzy_match)
+    exactly when their classes are equal: the same structure and strings, any numbers."""
+
+    def shape(value):
+        if isinstance(value, (list, tuple)):
+            return [shape(v) for v in value]
+        if isinstance(value, dict):
+            return {k: shape(v) for k, v in value.items()}
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"<number>": None}
+        return value
+
+    return json.dumps(shape(key), sort_keys=True)
+
+
+def fill_from_kin(kin: Path, cache: Path) -> dict[str, set[str]]:
+    """Add to `cache`'s files each entry of the pin `kin` whose key class (`key_class`) no entry of this
+    card's own holds, marked with the kin's name; marked entries of earlier runs are replaced. A key fla
+    finds in this card's own entries, exactly or fuzzily, is found there as before: the classes do not
+    overlap. Returns {kernel: the classes of the marked entries}."""
+    borrowed: dict[str, set[str]] = {}
+    names = {p.name for p in kin.glob("*.json")} | {p.name for p in cache.glob("*.json") if p.name != UNPINNED_FILE}
+    for name in sorted(names):
+        kin_file, target = _read_json(kin / name), cache / name
+        have = _read_json(target)
+        own = {h: e for h, e in (have or {}).get("autotune_entries", {}).items() if BORROWED_FIELD not in e}
+        covered = {key_class(e["autotune_key"]) for e in own.values()}
+        from_kin = {
+            h: {**e, BORROWED_FIELD: kin.name}
+            for h, e in (kin_file or {}).get("autotune_entries", {}).items()
+            if key_class(e["autotune_key"]) not in covered
+        }
+        if from_kin:
+            borrowed[name.removesuffix(".json")] = {key_class(e["autotune_key"]) for e in from_kin.values()}
+        entries = {**own, **from_kin}
+        if have is None and not from_kin:
+            continue
+        if have is None or list(entries.items()) != list(have["autotune_entries"].items()):
+            _write_json(target, {**(kin_file or {}), **(have or {}), "autotune_entries": entries})
+    return borrowed
+
+
 def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
@@ -349,13 +439,14 @@ def config_entry(config) -> dict:
 
 
 def dump_choices(folder: Path, kernels: set[str] | None = None) -> list[str]:
-    """Merge this process's kernel choices (of `kernels` only, when named) into fla-format files in
-    `folder`; returns the files written."""
+    """Merge this process's kernel choices (of `kernels` only, when named; none that another card's pin
+    made) into fla-format files in `folder`; returns the files written."""
     import triton
     from fla.ops.utils.cache import AutotuneKey
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
+    borrowed = set(borrowed_choices())  # another card's timing: not this card's to pin
     for kernel, tuner in _autotuners():
         if not tuner.cache or (kernels is not None and kernel not in kernels):
             continue
@@ -363,6 +454,8 @@ def dump_choices(folder: Path, kernels: set[str] | None = None) -> list[str]:
         data = json.loads(path.read_text()) if path.is_file() else {}
         entries = data.get("autotune_entries", {})
         for key, config in tuner.cache.items():
+            if (kernel, key) in borrowed:
+                continue
             entries[AutotuneKey.key_hash(key)] = {
                 "autotune_key": AutotuneKey.normalize_autotune_key(key),
                 "config": config_entry(config),

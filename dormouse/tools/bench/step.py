@@ -66,6 +66,7 @@ def bench_step(ctx: BenchContext, data) -> tuple[dict[str, str], Path]:
         times += time_steps(trainer.train_step, warmup, steps, "timed", device, log)
         counts["timed"] = counters.line()
         fla_pin.count_unpinned()  # fla kernel choices the pin did not make join the fallbacks line
+        fla_pin.count_borrowed()  # and those another card's pin made
         fallbacks = ledger.counted_summary()
         dynamo = dynamo_stats() if ctx.compiled else None
         if ctx.compiled and not graphs_compiled():
