@@ -23,28 +23,15 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.ops.fla.pin import UNPINNED_FILE, same_config
-
-
-def _fuzzy(cached, requested) -> bool:
-    """fla's AutotuneKey.keys_fuzzy_match (fla/ops/utils/cache.py): numbers match any number, the rest
-    (bools, strings, structure) must be equal. Copied because this runs where fla is not installed."""
-
-    def numeric(v) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool)
-
-    if numeric(cached) and numeric(requested):
-        return True
-    if isinstance(cached, list) and isinstance(requested, list):
-        return len(cached) == len(requested) and all(_fuzzy(c, r) for c, r in zip(cached, requested, strict=True))
-    return cached == requested
+from dormouse.ops.fla.pin import UNPINNED_FILE, key_class, same_config
 
 
 def pinned_config(entries: dict, key: str, autotune_key: list) -> dict | None:
     """The config fla's lookup (exact, then the first fuzzy match) takes from `entries`, or None."""
     if key in entries:
         return entries[key]["config"]
-    return next((e["config"] for e in entries.values() if _fuzzy(e["autotune_key"], autotune_key)), None)
+    wanted = key_class(autotune_key)  # fla's fuzzy match: numbers match any number, the rest must be equal
+    return next((e["config"] for e in entries.values() if key_class(e["autotune_key"]) == wanted), None)
 
 
 def _pairs(dump: Path, pin: Path):
@@ -79,7 +66,7 @@ def replace(dump: Path, pin: Path) -> dict[str, int]:
     for name, target, new, have in _pairs(dump, pin):
         entries = have["autotune_entries"]
         for key, entry in new["autotune_entries"].items():
-            fuzzy = (k for k, e in entries.items() if _fuzzy(e["autotune_key"], entry["autotune_key"]))
+            fuzzy = (k for k, e in entries.items() if key_class(e["autotune_key"]) == key_class(entry["autotune_key"]))
             taken = key if key in entries else next(fuzzy, key)
             entries[taken] = {**entries.get(taken, entry), "config": entry["config"]}
         target.write_text(json.dumps(have, indent=1) + "\n")

@@ -4,6 +4,7 @@ cache; else Triton times every kernel once and the user cache keeps the choices 
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,9 @@ import torch
 from dormouse import ledger
 from dormouse.ops.fla import pin as fla_pin
 from dormouse.ops.fla.pin import BORROWED, CONFIG_ROOT, kernel_source
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+from merge_fla_pin import pinned_config  # noqa: E402  fla's lookup: exact, else the first fuzzy match
 
 H200 = CONFIG_ROOT / "NVIDIA_H200"  # the committed pin the fake cards of capability 9.0 borrow
 PINS = {"NVIDIA_H200": (9, 0)}
@@ -213,22 +217,6 @@ def test_a_damaged_user_cache_file_is_named(tmp_path):
         fla_pin.merge_pin(H200, tmp_path)
 
 
-def fla_lookup(entries: dict, key: list) -> dict | None:
-    """fla's lookup in one file under FLA_CACHE_MODE=fuzzy (fla/ops/utils/cache.py, fla 0.6.0): the entry of
-    the key's hash, else the first whose key matches with any numbers in place of the key's."""
-
-    def fuzzy(a, b) -> bool:
-        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-        if number(a) and number(b):
-            return True
-        if isinstance(a, list) and isinstance(b, list):
-            return len(a) == len(b) and all(fuzzy(x, y) for x, y in zip(a, b, strict=True))
-        return a == b
-
-    exact = [e for e in entries.values() if e["autotune_key"] == key]
-    return exact[0] if exact else next((e for e in entries.values() if fuzzy(e["autotune_key"], key)), None)
-
-
 def test_key_classes_are_flas_fuzzy_match():
     c = fla_pin.key_class
     assert (
@@ -268,8 +256,8 @@ def test_a_pinned_card_takes_what_its_pin_lacks_from_its_kin_and_nothing_else(tm
         "k": {fla_pin.key_class(fp32), fla_pin.key_class(from_kin["d"]["autotune_key"])},
         "j": {fla_pin.key_class([7])},
     }
-    assert fla_lookup(k, [4096, 2, False, "torch.bfloat16"]) == own["a"]  # this card's own, as before the fill
-    assert fla_lookup(k, [32, 8, False, "torch.float32"])["config"]["kwargs"] == {"BT": 64}  # was: autotune
+    assert pinned_config(k, "-", [4096, 2, False, "torch.bfloat16"]) == own["a"]["config"]  # this card's own, as before
+    assert pinned_config(k, "-", [32, 8, False, "torch.float32"])["kwargs"] == {"BT": 64}  # was: autotune
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert fla_pin.fill_from_kin(kin, cache) == classes  # a second process: the same, nothing rewritten
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
@@ -291,8 +279,9 @@ def test_the_committed_pins_fill_each_others_gaps_without_moving_a_lookup(tmp_pa
     for own_file in h100.glob("*.json"):
         own = json.loads(own_file.read_text())["autotune_entries"]
         filled = json.loads((source.store / own_file.name).read_text())["autotune_entries"]
-        for e in own.values():
-            assert fla_lookup(filled, e["autotune_key"]) == e
+        for h, e in own.items():
+            assert pinned_config(filled, h, e["autotune_key"]) == e["config"]
+            assert pinned_config(filled, "-", e["autotune_key"]) == pinned_config(own, "-", e["autotune_key"])
     conv = json.loads((source.store / "causal_conv1d_fwd_kernel.json").read_text())["autotune_entries"]
     assert conv and all(e[fla_pin.BORROWED_FIELD] == "NVIDIA_H200" for e in conv.values())
     assert not (h100 / "causal_conv1d_fwd_kernel.json").exists()

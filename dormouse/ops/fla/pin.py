@@ -274,32 +274,38 @@ def same_config(a: dict, b: dict) -> bool:
     return (a["kwargs"], a["num_warps"], a["num_stages"]) == (b["kwargs"], b["num_warps"], b["num_stages"])
 
 
-def unpinned_choices():
-    """(kernel, key, config, the entry fla's lookup found or None) for each kernel choice of this process
-    that the files fla reads did not make: fla's own lookup (fla.ops.utils.cache.load_cached_config,
-    under the FLA_CACHE_MODE in force) found no entry for the key, or found one the kernel rejected and
-    Triton chose instead."""
-    for kernel, tuner in _autotuners():
+def _lookups():
+    """(kernel, key, config, the config fla's lookup finds in the files or None) for each kernel choice
+    of this process: fla's own lookup (fla.ops.utils.cache.load_cached_config, under the FLA_CACHE_MODE
+    in force)."""
+    for kernel, tuner in _autotuners():  # none where fla is not imported
         from fla.ops.utils.cache import AutotuneKey, load_cached_config
 
         for key, config in list(tuner.cache.items()):
-            pinned = load_cached_config(kernel, AutotuneKey(key))
-            if pinned is None or not same_config(config_entry(config), pinned):
-                yield kernel, key, config, pinned
+            yield kernel, key, config, load_cached_config(kernel, AutotuneKey(key))
+
+
+def unpinned_choices():
+    """(kernel, key, config, the entry fla's lookup found or None) for each kernel choice of this process
+    that the files fla reads did not make (`_lookups`): no entry for the key, or one the kernel rejected
+    and Triton chose instead."""
+    for kernel, key, config, pinned in _lookups():
+        if pinned is None or not same_config(config_entry(config), pinned):
+            yield kernel, key, config, pinned
 
 
 def borrowed_choices():
     """(kernel, key) for each kernel choice of this process made by an entry `fill_from_kin` put in the
     files: the files' config, for a key of a class (`key_class`) only such entries hold."""
-    for kernel, tuner in _autotuners():  # none where fla is not imported
-        from fla.ops.utils.cache import AutotuneKey, load_cached_config
-
-        classes = _borrowed.get(kernel, ())
-        for key, config in list(tuner.cache.items()):
-            if classes and key_class(key) in classes:
-                pinned = load_cached_config(kernel, AutotuneKey(key))
-                if pinned is not None and same_config(config_entry(config), pinned):
-                    yield kernel, key
+    if not _borrowed:  # no fill on this card: no lookups at each eval
+        return
+    for kernel, key, config, pinned in _lookups():
+        if (
+            pinned is not None
+            and key_class(key) in _borrowed.get(kernel, ())
+            and same_config(config_entry(config), pinned)
+        ):
+            yield kernel, key
 
 
 def count_borrowed() -> int:
